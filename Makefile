@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+# A stamp per extras set: re-install only when pyproject.toml changes.
+STAMP_RUN  := $(VENV)/.stamp-run
+STAMP_TEST := $(VENV)/.stamp-test
+
+export PREFECT_HOME ?= $(CURDIR)/.smthrs/prefect-home
+export PREFECT_SERVER_ANALYTICS_ENABLED = false
+export DO_NOT_TRACK = 1
+export PREFECT_LOGGING_LEVEL ?= WARNING
+export PREFECT_SERVER_LOGGING_LEVEL ?= CRITICAL
+export PREFECT_LOGGING_ROOT_LEVEL ?= CRITICAL
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $@ $(STAMP_RUN)
+
+demo: $(STAMP_RUN)
+	$(BIN)/python examples/quickstart.py
+
+test: $(STAMP_TEST)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP_TEST)
+	$(BIN)/ruff check smthrs_plugin tests benchmarks examples
+	$(BIN)/ruff format --check smthrs_plugin
+	$(BIN)/mypy smthrs_plugin
+
+bench: $(STAMP_TEST)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .smthrs .pytest_cache

@@ -1,0 +1,129 @@
+"""RFC 8785 canonical JSON, ``key1_`` content keys and SHA-256 helpers.
+
+Invariant: a key is a pure function of plain JSON data. ``key(v) = "key1_" + sha256(rfc8785(v)).hexdigest()``.
+Nothing is coerced silently: a value that has no canonical JSON form (NaN, ±Infinity, non-str keys, cycles,
+lone surrogates, bytes, integers outside the IEEE-754 safe range, arbitrary objects, str/int/dict subclasses)
+raises :class:`~smthrs_plugin.errors.CanonicalError` instead of hashing a weaker, lossy form. An absent optional
+field is modelled by omitting the member; ``None`` is JSON ``null`` and hashes differently.
+
+The serialisation itself is delegated to the ``rfc8785`` package (UTF-16 member ordering, ECMAScript number
+formatting); this module only guards its input so that every refusal is typed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import rfc8785
+
+from .errors import CanonicalError
+
+__all__ = ["canonical_bytes", "key", "key_digest", "sha256_hex", "is_key", "MAX_DEPTH"]
+
+KEY_PREFIX = "key1_"
+#: Deeper structures are refused: recursion in the serialiser must never become a RecursionError.
+MAX_DEPTH = 256
+_SAFE_INT = 2**53 - 1
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check(value: Any) -> None:
+    # Iterative walk with an explicit ancestor set: detects cycles (shared, acyclic sub-objects are fine)
+    # and refuses anything that is not *exactly* a JSON type.
+    stack: list[tuple[Any, int, bool]] = [(value, 0, False)]
+    on_path: set[int] = set()
+    while stack:
+        item, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            continue
+        t = type(item)
+        if t is str:
+            _check_str(item)
+            continue
+        if t is bool or item is None:
+            continue
+        if t is int:
+            if not -_SAFE_INT <= item <= _SAFE_INT:
+                raise CanonicalError(
+                    "not_canonicalizable",
+                    f"integer {item} is outside the JSON-safe range ±(2**53-1); pass it as a string",
+                )
+            continue
+        if t is float:
+            if item != item or item in (float("inf"), float("-inf")):
+                raise CanonicalError(
+                    "not_canonicalizable", f"{item!r} has no JSON form; use null or a string instead"
+                )
+            continue
+        if t is dict or t is list or t is tuple:
+            if depth >= MAX_DEPTH:
+                raise CanonicalError("not_canonicalizable", f"value nested deeper than {MAX_DEPTH} levels")
+            if id(item) in on_path:
+                raise CanonicalError("not_canonicalizable", "value contains a reference cycle")
+            on_path.add(id(item))
+            stack.append((item, depth, True))
+            if t is dict:
+                for k, v in item.items():
+                    if type(k) is not str:
+                        raise CanonicalError(
+                            "not_canonicalizable",
+                            f"object key {k!r} is a {type(k).__name__}; JSON object keys must be str",
+                        )
+                    _check_str(k)
+                    stack.append((v, depth + 1, False))
+            else:
+                for v in item:
+                    stack.append((v, depth + 1, False))
+            continue
+        raise CanonicalError(
+            "not_canonicalizable",
+            f"a {t.__module__}.{t.__qualname__} is not plain JSON data (dict, list, str, int, float, bool, None);"
+            " convert it explicitly (e.g. to a dict or a string) before keying it",
+        )
+
+
+def _check_str(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalError(
+            "not_canonicalizable", "string contains a lone surrogate; it has no UTF-8 form", cause=exc
+        ) from exc
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """RFC 8785 bytes of ``value``; :class:`CanonicalError` when it has no canonical form."""
+    _check(value)
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.CanonicalizationError as exc:  # pragma: no cover - _check refuses first
+        raise CanonicalError("not_canonicalizable", str(exc), cause=exc) from exc
+
+
+def sha256_hex(data: bytes) -> str:
+    """Plain hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def key(value: Any) -> str:
+    """``"key1_" + sha256(canonical(value))``: the content key of plain JSON data."""
+    return KEY_PREFIX + sha256_hex(canonical_bytes(value))
+
+
+def key_digest(k: str) -> str:
+    """Row key of attempt and cache rows: hex SHA-256 of the UTF-8 of a ``key1_`` key."""
+    if not is_key(k):
+        raise CanonicalError("not_canonicalizable", f"{k!r} is not a key1_ key")
+    return sha256_hex(k.encode("utf-8"))
+
+
+def is_key(k: object) -> bool:
+    """True for a well-formed ``key1_<64 lowercase hex>`` string."""
+    return (
+        type(k) is str
+        and len(k) == len(KEY_PREFIX) + 64
+        and k.startswith(KEY_PREFIX)
+        and all(c in "0123456789abcdef" for c in k[len(KEY_PREFIX) :])
+    )

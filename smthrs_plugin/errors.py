@@ -1,0 +1,225 @@
+"""Every typed error family of smthrs_plugin.
+
+Invariant: each family has a *closed* set of codes (``codes``); constructing an error with a code outside its
+family's set is a programming error and raises ``ValueError`` at once, so a code can never drift silently.
+Every message says what happened *and what to do next*. Storage failures keep their original cause in
+``__cause__`` (raise ... from exc) and in ``.cause``.
+
+A node's own failure is an outcome (``failed``), never one of these exceptions (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+__all__ = [
+    "SmthrsError",
+    "CanonicalError",
+    "SettingsError",
+    "PlanError",
+    "SchedulerError",
+    "StoreError",
+    "FenceLost",
+    "RunParentCycleError",
+    "ArtifactError",
+    "BoundaryError",
+    "BoundaryRefusal",
+    "ReplayError",
+    "CacheError",
+    "ControlError",
+    "InvalidInput",
+]
+
+
+class SmthrsError(Exception):
+    """Base of every refusal raised by smthrs_plugin. ``code`` is one of the family's closed ``codes``."""
+
+    family: ClassVar[str] = "smthrs"
+    codes: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, code: str, message: str, *, cause: BaseException | None = None, **details: Any) -> None:
+        if code not in self.codes:
+            raise ValueError(f"{type(self).__name__}: unknown code {code!r}; known: {sorted(self.codes)}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.cause = cause
+        self.details: dict[str, Any] = details
+        if cause is not None:
+            self.__cause__ = cause
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view used by ``--json`` CLI output and Prefect artifacts."""
+        out: dict[str, Any] = {"family": self.family, "code": self.code, "message": self.message}
+        for k, v in self.details.items():
+            if isinstance(v, (str, int, float, bool)) or v is None:
+                out[k] = v
+            else:
+                out[k] = repr(v)
+        if self.cause is not None:
+            out["cause"] = f"{type(self.cause).__name__}: {self.cause}"
+        return out
+
+
+def _codes(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+class CanonicalError(SmthrsError, ValueError):
+    """A value cannot be canonicalised (RFC 8785): NaN, ±Infinity, non-str keys, cycles, lone surrogates, bytes,
+    integers outside ±(2**53-1), or an object that is not plain JSON data."""
+
+    family = "canonical"
+    codes = _codes("not_canonicalizable")
+
+
+class SettingsError(SmthrsError, ValueError):
+    """An ``SMTHRS_*`` setting or an explicit runtime argument is malformed."""
+
+    family = "settings"
+    codes = _codes("invalid_setting")
+
+
+class PlanError(SmthrsError, ValueError):
+    """A plan or node declaration is refused before anything is written (SEMANTICS.md §2)."""
+
+    family = "plan"
+    codes = _codes(
+        "duplicate_node",
+        "cycle",
+        "unknown_dependency",
+        "invalid_effects",
+        "overlap_forbidden",
+        "invalid_plan",
+        "elaboration_failed",
+        "invalid_node",
+        "invalid_plan_file",
+    )
+
+
+class SchedulerError(SmthrsError):
+    """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these."""
+
+    family = "scheduler"
+    codes = _codes("invalid_plan", "boundary_unavailable", "key_uncomputable", "elaboration_failed", "store_failed")
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        cause: BaseException | None = None,
+        cleanup_errors: Iterable[BaseException] = (),
+        **details: Any,
+    ) -> None:
+        super().__init__(code, message, cause=cause, **details)
+        self.cleanup_errors: tuple[BaseException, ...] = tuple(cleanup_errors)
+
+
+class StoreError(SmthrsError):
+    """The durable store refused or failed. ``cause`` keeps the driver's original exception."""
+
+    family = "store"
+    codes = _codes(
+        "store_failed",
+        "unsupported_url",
+        "unreachable",
+        "read_only",
+        "schema_too_new",
+        "decode_failed",
+        "persistence_failed",
+        "idempotency_conflict",
+        "not_found",
+        "invalid_argument",
+        "backup_failed",
+        "restore_failed",
+    )
+
+
+class FenceLost(StoreError):
+    """This process no longer owns the run it tried to write: another owner claimed it (or it was fenced by
+    disaster recovery). Stop working on the run; never retry the write under the old owner."""
+
+    family = "store"
+    codes = _codes("fence_lost", "cancel_requested")
+
+
+class RunParentCycleError(StoreError):
+    """Recording a run parent edge would create a cycle in the run DAG; nothing was written."""
+
+    family = "store"
+    codes = _codes("run_parent_cycle")
+
+
+class ArtifactError(SmthrsError):
+    """The fsspec artifact store refused or failed (content-addressed blobs and shared cache entries)."""
+
+    family = "artifacts"
+    codes = _codes("not_found", "corrupt", "digest_mismatch", "unavailable", "invalid_digest", "invalid_url")
+
+
+class BoundaryError(SmthrsError):
+    """A step boundary could not be measured or honoured (``UnsupportedBoundary`` is the catch-all)."""
+
+    family = "boundary"
+    codes = _codes(
+        "unsupported_boundary",
+        "invalid_path",
+        "unreadable",
+        "workspace_missing",
+        "enumeration_budget",
+        "changed_during_measurement",
+        "materialization_conflict",
+    )
+
+
+class BoundaryRefusal(SmthrsError):
+    """Hard-mode refusal of a settled step: what it wrote or left differs from its declaration."""
+
+    family = "boundary"
+    codes = _codes("undeclared_write", "missing_declared_output", "surviving_declared_removal", "undeclared_read")
+
+
+class ReplayError(SmthrsError):
+    """Replaying cached outputs failed: ``missing_artifact`` (hydrate and retry once), ``boundary_corruption``
+    (integrity violation: never served), ``unsupported_boundary`` (the cause says why)."""
+
+    family = "replay"
+    codes = _codes("missing_artifact", "boundary_corruption", "unsupported_boundary")
+
+
+class CacheError(SmthrsError):
+    """The content-addressed cache refused a publication or a declaration."""
+
+    family = "cache"
+    codes = _codes("key_uncomputable", "result_mismatch", "invalid_declaration", "not_found")
+
+
+class ControlError(SmthrsError):
+    """A control-plane refusal (approvals, receipts, runs)."""
+
+    family = "control"
+    codes = _codes(
+        "unauthorized",
+        "plan_not_found",
+        "plan_denied",
+        "plan_digest_mismatch",
+        "envelope_mismatch",
+        "already_resolved",
+        "run_not_found",
+        "approval_denied",
+        "invalid_cursor",
+        "source_changed",
+        "invalid_options",
+    )
+
+
+class InvalidInput(SmthrsError, ValueError):
+    """Caller input refused at the identity boundary, before anything was written; ``bound`` names the limit."""
+
+    family = "control"
+    codes = _codes("invalid_input")

@@ -1,0 +1,270 @@
+"""Workspace-relative path entries: exact paths, Bazel-like globs, tree artifacts and filegroups. PURE.
+
+Invariants
+- Every pattern is workspace-relative: no absolute path, no ``..``, no empty or ``.`` segment, no NUL.
+  Backslashes are normalised to ``/`` *before* checking, so ``a\\..\\b`` is refused like ``a/../b``.
+- Glob semantics follow Bazel's ``glob()``: ``*`` matches within one segment, ``**`` (a whole segment) matches
+  any number of segments including zero, ``?`` one character.
+- Dotfiles are deliberate: a wildcard never matches a segment that starts with ``.`` unless the pattern segment
+  itself starts with ``.`` (shell convention). ``src/**`` therefore skips ``src/.cache``; say ``src/.cache/**``
+  to read it. This keeps ``.git``, ``.venv`` and ``.smthrs`` out of read sets unless named.
+- Overlap is *conservative*: glob×glob and tree×glob always overlap (SEMANTICS.md §2); only exact×exact,
+  exact×tree, tree×tree and exact×glob are decided precisely. A false overlap costs an ordering edge; a missed
+  one would let two writers race.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from ..errors import PlanError
+
+__all__ = [
+    "Glob",
+    "TreeArtifact",
+    "Filegroup",
+    "PathEntry",
+    "EntryInput",
+    "normalize_path",
+    "normalize_pattern",
+    "flatten",
+    "glob_match",
+    "entry_matches",
+    "entries_overlap",
+    "sets_overlap",
+    "static_prefix",
+    "entry_json",
+    "is_exact",
+]
+
+
+def _refuse(path: object, why: str) -> PlanError:
+    return PlanError(
+        "invalid_effects",
+        f"path {path!r} {why}; declare workspace-relative paths like 'src/app.py', 'dist/' or 'src/**/*.py'",
+        path=str(path),
+    )
+
+
+def _split(path: object, *, allow_wild: bool) -> list[str]:
+    if not isinstance(path, str):
+        raise _refuse(path, "is not a string")
+    if "\x00" in path:
+        raise _refuse(path, "contains a NUL character")
+    p = path.replace("\\", "/")
+    if p == "":
+        raise _refuse(path, "is empty")
+    if p.startswith("/") or re.match(r"^[A-Za-z]:(/|$)", p):
+        raise _refuse(path, "is absolute")
+    segs = p.split("/")
+    for s in segs:
+        if s == "":
+            raise _refuse(path, "has an empty segment ('//')")
+        if s == ".":
+            raise _refuse(path, "has a '.' segment")
+        if s == "..":
+            raise _refuse(path, "escapes the workspace with '..'")
+        if not allow_wild and any(c in s for c in "*?["):
+            raise _refuse(path, "contains a wildcard where an exact path is required")
+        if allow_wild and "**" in s and s != "**":
+            raise _refuse(path, "uses '**' inside a segment; '**' must be a whole segment like 'src/**/x'")
+        if allow_wild and "[" in s:
+            raise _refuse(path, "uses '[...]' classes, which are not supported; use '*' or '?'")
+    return segs
+
+
+def normalize_path(path: object) -> str:
+    """Normalise and check an exact workspace-relative path (no wildcards). Raises ``PlanError(invalid_effects)``."""
+    return "/".join(_split(path, allow_wild=False))
+
+
+def normalize_pattern(pattern: object) -> str:
+    """Normalise and check a glob pattern. Raises ``PlanError(invalid_effects)``."""
+    return "/".join(_split(pattern, allow_wild=True))
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Glob(_Frozen):
+    """Bazel-like glob: paths matching any ``include`` pattern and no ``exclude`` pattern."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+
+    @field_validator("include", "exclude", mode="before")
+    @classmethod
+    def _norm(cls, v: Any) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = (v,)
+        return tuple(normalize_pattern(p) for p in v)
+
+    @field_validator("include")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise _refuse(v, "is a glob with no include pattern")
+        return v
+
+
+class TreeArtifact(_Frozen):
+    """A whole directory tree (written as ``"dist/"`` in string form)."""
+
+    path: str
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _norm(cls, v: Any) -> str:
+        if isinstance(v, str):
+            v = v.rstrip("/").rstrip("\\") if v not in ("/", "\\") else v
+        return normalize_path(v)
+
+
+class Filegroup(_Frozen):
+    """A named, ordered group of entries; expands in order where it is used."""
+
+    name: str
+    entries: tuple[Union[str, Glob, TreeArtifact, "Filegroup"], ...]
+
+
+PathEntry = Union[str, Glob, TreeArtifact]
+EntryInput = Union[str, Glob, TreeArtifact, Filegroup]
+
+
+def _has_wild(s: str) -> bool:
+    return any(c in s for c in "*?")
+
+
+def flatten(entries: Iterable[EntryInput]) -> tuple[PathEntry, ...]:
+    """Expand filegroups in order and normalise strings: ``"dist/"`` → ``TreeArtifact``, ``"src/*.py"`` →
+    ``Glob``, else an exact path. Order is kept; exact duplicates are dropped after their first occurrence."""
+    out: list[PathEntry] = []
+    seen: set[Any] = set()
+
+    def add(e: Any, depth: int) -> None:
+        if depth > 32:
+            raise _refuse(e, "nests filegroups more than 32 deep")
+        if isinstance(e, Filegroup):
+            for x in e.entries:
+                add(x, depth + 1)
+            return
+        if isinstance(e, str):
+            if e.replace("\\", "/").endswith("/") and not _has_wild(e):
+                item: PathEntry = TreeArtifact(path=e)
+            elif _has_wild(e):
+                item = Glob(include=(e,))
+            else:
+                item = normalize_path(e)
+        elif isinstance(e, (Glob, TreeArtifact)):
+            item = e
+        elif isinstance(e, dict):
+            if "include" in e:
+                item = Glob(**e)
+            elif "tree" in e:
+                item = TreeArtifact(path=e["tree"])
+            else:
+                raise _refuse(e, "is a mapping that is neither a glob ({include, exclude}) nor {tree: path}")
+        else:
+            raise _refuse(e, "is neither a path string, a Glob, a TreeArtifact nor a Filegroup")
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+
+    for e in entries:
+        add(e, 0)
+    return tuple(out)
+
+
+def is_exact(entry: PathEntry) -> bool:
+    """True for an exact file path (the only kind of read a cache may admit, SEMANTICS.md §4)."""
+    return isinstance(entry, str)
+
+
+@lru_cache(maxsize=4096)
+def _segment_regex(seg: str) -> re.Pattern[str]:
+    rx = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in seg)
+    return re.compile(rx + r"\Z", re.DOTALL)
+
+
+def _seg_match(pseg: str, name: str) -> bool:
+    if name.startswith(".") and not pseg.startswith("."):
+        return False
+    if not _has_wild(pseg):
+        return pseg == name
+    return _segment_regex(pseg).match(name) is not None
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Bazel-like match of a normalised ``pattern`` against a normalised relative ``path``."""
+    return _match(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+@lru_cache(maxsize=65536)
+def _match(p: tuple[str, ...], s: tuple[str, ...]) -> bool:
+    if not p:
+        return not s
+    head = p[0]
+    if head == "**":
+        # zero segments, or consume one non-dot segment and stay on '**'
+        if _match(p[1:], s):
+            return True
+        return bool(s) and not s[0].startswith(".") and _match(p, s[1:])
+    return bool(s) and _seg_match(head, s[0]) and _match(p[1:], s[1:])
+
+
+def entry_matches(entry: PathEntry, path: str) -> bool:
+    """Does ``path`` (exact, normalised) fall under ``entry``?"""
+    if isinstance(entry, str):
+        return entry == path
+    if isinstance(entry, TreeArtifact):
+        return path == entry.path or path.startswith(entry.path + "/")
+    return any(glob_match(i, path) for i in entry.include) and not any(glob_match(x, path) for x in entry.exclude)
+
+
+def entries_overlap(a: PathEntry, b: PathEntry) -> bool:
+    """Conservative overlap of two entries (see the module invariant)."""
+    if isinstance(a, Glob) or isinstance(b, Glob):
+        if isinstance(a, str):
+            return entry_matches(b, a)
+        if isinstance(b, str):
+            return entry_matches(a, b)
+        return True
+    pa = a if isinstance(a, str) else a.path
+    pb = b if isinstance(b, str) else b.path
+    if isinstance(a, str) and isinstance(b, str):
+        return pa == pb
+    return pa == pb or pa.startswith(pb + "/") or pb.startswith(pa + "/")
+
+
+def sets_overlap(a: Sequence[PathEntry], b: Sequence[PathEntry]) -> bool:
+    """True when any entry of ``a`` overlaps any entry of ``b``."""
+    return any(entries_overlap(x, y) for x in a for y in b)
+
+
+def static_prefix(pattern: str) -> str:
+    """The longest leading run of literal segments: the directory to start enumerating a glob from
+    (``""`` = the workspace root)."""
+    lit: list[str] = []
+    for seg in pattern.split("/")[:-1]:
+        if _has_wild(seg):
+            break
+        lit.append(seg)
+    return "/".join(lit)
+
+
+def entry_json(entry: PathEntry) -> dict[str, Any]:
+    """Plain-JSON form of an entry, used in keys and digests."""
+    if isinstance(entry, str):
+        return {"kind": "file", "path": entry}
+    if isinstance(entry, TreeArtifact):
+        return {"kind": "tree", "path": entry.path}
+    out: dict[str, Any] = {"kind": "glob", "include": list(entry.include)}
+    if entry.exclude:
+        out["exclude"] = list(entry.exclude)
+    return out

@@ -1,0 +1,80 @@
+"""``SMTHRS_*`` settings (pydantic-settings). Explicit arguments to ``open_runtime``/``@step``/the CLI win.
+
+Defaults are the embedded ones: SQLite at ``<workspace>/.smthrs/state.db`` and local artifacts under
+``<workspace>/.smthrs/artifacts``. Ownership timings (SEMANTICS.md §5) are settings so that tests can shorten the
+stale window instead of sleeping 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import SettingsError
+
+__all__ = ["Settings", "load_settings"]
+
+
+class Settings(BaseSettings):
+    """Resolved settings. Use :func:`load_settings` to get typed errors instead of pydantic's."""
+
+    model_config = SettingsConfigDict(env_prefix="SMTHRS_", extra="ignore", frozen=True)
+
+    workspace: Path = Field(default_factory=Path.cwd)
+    db_url: str | None = None
+    artifacts_url: str | None = None
+    artifacts_options: dict[str, Any] = Field(default_factory=dict)
+    host_id: str = Field(default_factory=socket.gethostname)
+    #: SEMANTICS.md §5 constants; only tests should shorten them.
+    heartbeat_interval_s: float = 1.0
+    stale_after_s: float = 30.0
+    skew_allowance_s: float = 10.0
+    heartbeat_failure_interrupt_s: float = 19.0
+
+    @field_validator("artifacts_options", mode="before")
+    @classmethod
+    def _json_options(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return json.loads(v) if v.strip() else {}
+        return v
+
+    @field_validator("heartbeat_interval_s", "stale_after_s", "heartbeat_failure_interrupt_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workspace / ".smthrs"
+
+    @property
+    def resolved_db_url(self) -> str:
+        return self.db_url or f"sqlite:///{(self.state_dir / 'state.db').as_posix()}"
+
+    @property
+    def resolved_artifacts_url(self) -> str:
+        return self.artifacts_url or (self.state_dir / "artifacts").as_posix()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Environment + explicit overrides (``None`` overrides are ignored) → :class:`Settings`.
+
+    Raises :class:`SettingsError` naming the offending ``SMTHRS_*`` variable.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        s = Settings(**given)
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise SettingsError(
+            "invalid_setting",
+            f"invalid smthrs setting: {exc}. Check the SMTHRS_* environment variables and the arguments given.",
+            cause=exc,
+        ) from exc
+    return s.model_copy(update={"workspace": Path(s.workspace).resolve()})

@@ -1,0 +1,125 @@
+"""Shared fixtures: real backends, started once per session.
+
+- ``db_url`` — parametrized over SQLite (fresh file per test) and PostgreSQL (fresh database per test on the
+  cluster ``.ci/run`` starts; skipped with a visible reason when ``SMTHRS_TEST_POSTGRES_URL`` is unset).
+- ``s3_endpoint`` / ``s3_bucket`` — moto's real S3 HTTP server on 127.0.0.1 (one per session), a fresh bucket per
+  test.
+- ``artifacts_url`` — parametrized over ``file://``, ``memory://`` and ``s3://``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md).
+_PREFECT_HOME = tempfile.mkdtemp(prefix="smthrs-prefect-home-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+for _k, _v in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+POSTGRES_URL = os.environ.get("SMTHRS_TEST_POSTGRES_URL")
+
+
+def _fresh_postgres_database(base_url: str) -> tuple[str, str]:
+    import sqlalchemy as sa
+
+    name = "t_" + uuid.uuid4().hex[:16]
+    admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    admin.dispose()
+    return base_url.rsplit("/", 1)[0] + "/" + name, name
+
+
+def _drop_postgres_database(base_url: str, name: str) -> None:
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{(tmp_path / 'state.db').as_posix()}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.skip("PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)")
+    url, name = _fresh_postgres_database(POSTGRES_URL)
+    yield url
+    _drop_postgres_database(POSTGRES_URL, name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database URL on each SQL backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{(tmp_path / 'state.db').as_posix()}"
+        return
+    if not POSTGRES_URL:
+        pytest.skip("PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)")
+    url, name = _fresh_postgres_database(POSTGRES_URL)
+    yield url
+    _drop_postgres_database(POSTGRES_URL, name)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1, one per test session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh bucket name on the moto server."""
+    import s3fs
+
+    name = "smthrs-" + uuid.uuid4().hex[:12]
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint, skip_instance_cache=True)
+    fs.mkdir(name)
+    return name
+
+
+@pytest.fixture
+def s3_options(s3_endpoint: str) -> dict[str, str]:
+    return {"key": "testing", "secret": "testing", "endpoint_url": s3_endpoint}
+
+
+@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def artifacts_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """(fsspec URL, storage options) of a fresh artifact root on each backend."""
+    if request.param == "file":
+        return (tmp_path / "artifacts").as_uri(), {}
+    if request.param == "memory":
+        return f"memory://smthrs-{uuid.uuid4().hex[:12]}", {}
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/artifacts", request.getfixturevalue("s3_options")
