@@ -1,0 +1,126 @@
+"""The cache dispatch seam's value types: what a caller hands in, what comes back.
+
+This is the *one* seam every plan node and every ``@step`` call goes through (DESIGN.md §3): lookup → verify →
+replay, or execute in the sandbox → settle → publish. The scheduler and the Prefect host only build a
+:class:`DispatchRequest` and read a :class:`DispatchResult`; they never touch cache rows, blobs or evidence flags.
+
+Invariants
+- A request carries a key that was computed *by the caller* from declarations plus measured read digests
+  (``plan.keys.dispatch_key`` for sealed work, the run-local ordinal key otherwise). The seam never computes a
+  weaker key: an uncomputable key is the caller's typed ``key_uncomputable`` error, raised before dispatch.
+- Exactly one :data:`CacheDecision` is produced per cache-consulting dispatch (seed: observe-engine-metrics).
+  Non-sealed tiers never consult or publish the shared tier (they may replay their own run's attempt).
+- ``VerifiedHit`` is the only decision that serves a stored result; every other decision falls through to a real
+  execution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sqlalchemy.engine import Connection
+
+Tier = Literal["sealed", "compensable", "irreversible"]
+SandboxMode = Literal["hermetic", "whole-tree"]
+Outcome = Literal["built", "clean", "failed"]
+
+
+@dataclass(frozen=True)
+class VerifiedHit:
+    """A stored entry passed admission, its read set re-measured equal, and its outputs replayed."""
+
+    tier: Literal["local", "shared", "attempt"]
+    tag: Literal["VerifiedHit"] = "VerifiedHit"
+
+
+@dataclass(frozen=True)
+class Miss:
+    """No entry for this key in any consulted tier."""
+
+    tag: Literal["Miss"] = "Miss"
+
+
+@dataclass(frozen=True)
+class UnverifiableEvidence:
+    """An entry exists but its evidence cannot justify reuse (a failed admission conjunct, named in ``reason``)."""
+
+    reason: str
+    tag: Literal["UnverifiableEvidence"] = "UnverifiableEvidence"
+
+
+@dataclass(frozen=True)
+class Unmeasurable:
+    """The read set could not be re-measured on this host."""
+
+    reason: str
+    tag: Literal["Unmeasurable"] = "Unmeasurable"
+
+
+@dataclass(frozen=True)
+class StaleReadSet:
+    """Re-measured reads differ from the entry's: ``changed`` is ``[(path, old_digest, new_digest|None)]``."""
+
+    changed: tuple[tuple[str, str, str | None], ...]
+    tag: Literal["StaleReadSet"] = "StaleReadSet"
+
+
+@dataclass(frozen=True)
+class ReplayFailed:
+    """Verified evidence could not be re-materialised (after one hydrate + retry); ``code`` is the ReplayError code."""
+
+    code: str
+    reason: str
+    tag: Literal["ReplayFailed"] = "ReplayFailed"
+
+
+CacheDecision = Union[VerifiedHit, Miss, UnverifiableEvidence, Unmeasurable, StaleReadSet, ReplayFailed]
+
+#: Called inside the write transaction that records a settled dispatch, so the caller's attempt row and journal
+#: record commit together with the local cache row (SEMANTICS.md §4 publication order).
+SettleHook = Callable[["Connection", "DispatchResult"], None]
+
+
+@dataclass(frozen=True)
+class DispatchRequest:
+    """Everything the seam needs to serve or execute one node attempt.
+
+    ``key`` is the dispatch key; ``components`` is the plain-JSON breakdown it was computed from (body, inputs,
+    environment, read digests ...) recorded with the entry so ``smthrs cache explain`` can say what changed.
+    ``reads`` are the measured read digests the key folded, ``[(path, digest)]`` sorted; the seam re-measures them
+    before serving a hit. ``declaration`` is a ``boundary.Declaration``.
+    """
+
+    run_id: str
+    node_id: str
+    attempt: int
+    key: str
+    components: Mapping[str, Any]
+    tier: Tier
+    declaration: Any
+    reads: tuple[tuple[str, str], ...]
+    workspace: Path
+    sandbox: SandboxMode = "hermetic"
+    nondeterministic: bool = False
+    consult_shared: bool = True
+    publish_shared: bool = True
+    on_settled: SettleHook | None = None
+    owner: Any = None  # engine.ownership.OwnerId fencing the run's writes (None outside an owned run)
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    """The settled dispatch. ``outcome`` is ``built`` (the executor ran and succeeded), ``clean`` (served, no
+    executor ran) or ``failed`` (the executor raised or the boundary refused; ``error`` says why)."""
+
+    outcome: Outcome
+    key: str
+    decision: CacheDecision | None
+    value: Any = None
+    evidence: Any = None
+    deviations: tuple[Any, ...] = ()
+    error: BaseException | None = None
+    published: Mapping[str, str] = field(default_factory=dict)  # tier -> "published" | "existing" | "unpublished:<stage>"
