@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ..errors import PlanError
 
@@ -91,6 +91,20 @@ def normalize_pattern(pattern: object) -> str:
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    def __init__(self, **data: Any) -> None:
+        # pydantic wraps a validator's ValueError (PlanError is one) in a ValidationError; callers are promised
+        # the typed PlanError itself, so unwrap it (any other validation failure becomes invalid_effects).
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                inner = (err.get("ctx") or {}).get("error")
+                if isinstance(inner, PlanError):
+                    raise inner from exc
+            raise PlanError(
+                "invalid_effects", f"{type(self).__name__} refused: {exc}", cause=exc, entry=repr(data)
+            ) from exc
+
 
 class Glob(_Frozen):
     """Bazel-like glob: paths matching any ``include`` pattern and no ``exclude`` pattern."""
@@ -130,7 +144,7 @@ class Filegroup(_Frozen):
     """A named, ordered group of entries; expands in order where it is used."""
 
     name: str
-    entries: tuple[Union[str, Glob, TreeArtifact, "Filegroup"], ...]
+    entries: tuple[Union[str, Glob, TreeArtifact, Filegroup], ...]
 
 
 PathEntry = Union[str, Glob, TreeArtifact]
@@ -224,7 +238,9 @@ def entry_matches(entry: PathEntry, path: str) -> bool:
         return entry == path
     if isinstance(entry, TreeArtifact):
         return path == entry.path or path.startswith(entry.path + "/")
-    return any(glob_match(i, path) for i in entry.include) and not any(glob_match(x, path) for x in entry.exclude)
+    return any(glob_match(i, path) for i in entry.include) and not any(
+        glob_match(x, path) for x in entry.exclude
+    )
 
 
 def entries_overlap(a: PathEntry, b: PathEntry) -> bool:

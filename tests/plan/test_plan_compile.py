@@ -1,0 +1,375 @@
+"""compile.py: plan order, every refusal code, conflict annotation, reader-after-writer edges, append, verify."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import smthrs_plugin as sp
+from smthrs_plugin.errors import PlanError
+from smthrs_plugin.plan import Plan, PlanNode, plan_digest, priority_json
+from smthrs_plugin.plan._overlap import ProducerIndex
+from smthrs_plugin.plan.fileset import flatten, sets_overlap
+
+
+def _code(fn: object, *args: object, **kw: object) -> PlanError:
+    with pytest.raises(PlanError) as err:
+        fn(*args, **kw)  # type: ignore[operator]
+    return err.value
+
+
+def _deps(plan: Plan) -> dict[str, tuple[str, ...]]:
+    return {n.id: n.depends_on for n in plan.nodes}
+
+
+# ---------------------------------------------------------------------------------------------- order
+
+
+def test_readme_example() -> None:
+    import smthrs_plugin as sp
+
+    plan = sp.compile_plan(
+        plan_id="release-1.4",
+        flow="ci/release",
+        nodes=[
+            sp.node("test", body={"run": "pytest -q"}, inputs=[sp.Pending("build")], reads=["src/**"]),
+            sp.node("build", body={"run": "python -m build"}, reads=["src/**"], writes=["dist/"]),
+            sp.node(
+                "deploy",
+                body={"run": "./deploy.sh"},
+                tier="irreversible",
+                inputs=[sp.Pending("test")],
+                reads=["dist/"],
+            ),
+        ],
+    )
+    assert [n.id for n in plan.nodes] == ["build", "test", "deploy"]  # plan order: dependencies first
+    assert plan.node("deploy").depends_on == ("test",)  # reads dist/ but build is already an ancestor
+    assert plan.generation == 0 and plan.digest == plan.base_digest
+
+    graph = sp.RuntimeGraph(plan)
+    assert graph.ready() == ("build",)
+    graph.start("build")
+    assert graph.settle("build", "failed").settled[-1].outcome == "skipped"  # the failed cone is skipped
+    assert graph.outcomes() == {"build": "failed", "test": "skipped", "deploy": "skipped"}
+
+    grown = sp.append_plan(plan, [sp.node("notify", inputs=[sp.Pending("deploy")])])
+    assert grown.generation == 1 and grown.base_digest == plan.digest
+    sp.verify_plan(grown)
+
+
+def _dag_drafts() -> list[sp.NodeDraft]:
+    return [
+        sp.node("a"),
+        sp.node("b", inputs=[sp.Ref("a")]),
+        sp.node("c", inputs=[sp.Ref("a"), sp.Pending("b")]),
+        sp.node("d", inputs=[sp.Pending("c")]),
+        sp.node("e"),
+        sp.node("f", inputs=[sp.Ref("e"), sp.Ref("d", path=["x"])]),
+    ]
+
+
+def test_plan_order_is_dfs_post_order_in_declaration_order() -> None:
+    drafts = _dag_drafts()
+    order = [drafts[i] for i in (5, 3, 0, 1, 2, 4)]  # f, d, a, b, c, e
+    plan = sp.compile_plan("p", "f", order)
+    assert [n.id for n in plan.nodes] == ["e", "a", "b", "c", "d", "f"]
+    assert [n.position for n in plan.nodes] == list(range(6))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_shuffled_declarations_give_a_topological_order_and_identical_keys(seed: int) -> None:
+    reference = sp.compile_plan("p", "f", _dag_drafts())
+    drafts = _dag_drafts()
+    random.Random(seed).shuffle(drafts)
+    plan = sp.compile_plan("p", "f", drafts)
+    pos = {n.id: n.position for n in plan.nodes}
+    assert all(pos[d] < pos[n.id] for n in plan.nodes for d in n.depends_on)
+    assert {n.id: n.key for n in plan.nodes} == {n.id: n.key for n in reference.nodes}
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+def test_duplicate_node() -> None:
+    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), sp.node("a")])
+    assert err.code == "duplicate_node" and "'a'" in err.message
+
+
+def test_unknown_dependency() -> None:
+    err = _code(sp.compile_plan, "p", "f", [sp.node("a", inputs=[sp.Ref("ghost")])])
+    assert err.code == "unknown_dependency" and "'ghost'" in err.message and "'a'" in err.message
+
+
+def test_cycle_names_the_cycle() -> None:
+    err = _code(
+        sp.compile_plan,
+        "p",
+        "f",
+        [
+            sp.node("a", inputs=[sp.Pending("c")]),
+            sp.node("b", inputs=[sp.Ref("a")]),
+            sp.node("c", inputs=[sp.Ref("b")]),
+        ],
+    )
+    assert err.code == "cycle"
+    assert "a -> c -> b -> a" in err.message
+
+
+def test_self_dependency_is_a_cycle() -> None:
+    assert _code(sp.compile_plan, "p", "f", [sp.node("a", inputs=[sp.Ref("a")])]).code == "cycle"
+
+
+def test_invalid_effects_even_when_a_draft_bypassed_validation() -> None:
+    good = sp.node("a", writes=["out/x"])
+    smuggled = good.model_copy(update={"effects": good.effects.model_copy(update={"writes": ("../escape",)})})
+    err = _code(sp.compile_plan, "p", "f", [smuggled])
+    assert err.code == "invalid_effects" and "'a'" in err.message
+    both = good.model_copy(update={"effects": good.effects.model_copy(update={"removes": ("out/x",)})})
+    assert _code(sp.compile_plan, "p", "f", [both]).code == "invalid_effects"
+
+
+def test_overlap_forbidden_when_either_side_says_fail() -> None:
+    err = _code(
+        sp.compile_plan,
+        "p",
+        "f",
+        [sp.node("a", writes=["out/"]), sp.node("b", writes=["out/x"], conflict="fail")],
+    )
+    assert err.code == "overlap_forbidden"
+    assert "'a'" in err.message and "'b'" in err.message and "Pending('a')" in err.message
+
+
+def test_fail_strategy_is_fine_when_the_pair_is_already_ordered() -> None:
+    plan = sp.compile_plan(
+        "p",
+        "f",
+        [
+            sp.node("a", writes=["out/"], conflict="fail"),
+            sp.node("b", writes=["out/x"], inputs=[sp.Pending("a")]),
+        ],
+    )
+    assert plan.node("b").conflicts == ()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (("", "f", []), {}),
+        (("p", "", []), {}),
+        (("p", "f", []), {"maximum_plan_nodes": 0}),
+        (("p", "f", []), {"maximum_plan_nodes": True}),
+        (("p", "f", "abc"), {}),
+    ],
+)
+def test_invalid_plan_identity(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+    assert _code(sp.compile_plan, *args, **kwargs).code == "invalid_plan"
+
+
+def test_invalid_node_for_a_non_draft() -> None:
+    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), {"id": "b"}])
+    assert err.code == "invalid_node" and "#1" in err.message
+
+
+def test_over_maximum_plan_nodes_is_elaboration_failed() -> None:
+    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), sp.node("b"), sp.node("c")], maximum_plan_nodes=2)
+    assert err.code == "elaboration_failed" and "maximum_plan_nodes=2" in err.message
+    plan = sp.compile_plan("p", "f", [sp.node("a"), sp.node("b")], maximum_plan_nodes=2)
+    assert _code(sp.append_plan, plan, [sp.node("merge", kind="merge")]).code == "elaboration_failed"
+
+
+# ---------------------------------------------------------------------------------------------- annotation
+
+
+def test_serialize_adds_an_edge_from_the_later_writer_to_the_earlier() -> None:
+    plan = sp.compile_plan("p", "f", [sp.node("a", writes=["out/x"]), sp.node("b", writes=["out/"])])
+    assert plan.node("b").depends_on == ("a",)
+    [c] = plan.node("b").conflicts
+    assert (c.with_, c.strategy, c.runtime) == ("a", "serialize", "delay-rebase")
+    assert plan.node("a").conflicts == ()
+
+
+def test_lane_annotates_without_an_edge_and_stop_merge_wins_the_runtime() -> None:
+    plan = sp.compile_plan(
+        "p",
+        "f",
+        [
+            sp.node("a", writes=["out/x"], runtime="stop-merge"),
+            sp.node("b", writes=["out/x"], conflict="lane"),
+        ],
+    )
+    assert plan.node("b").depends_on == ()
+    [c] = plan.node("b").conflicts
+    assert (c.with_, c.strategy, c.runtime) == ("a", "lane", "stop-merge")
+
+
+def test_serialized_writers_form_a_chain_not_a_clique() -> None:
+    plan = sp.compile_plan("p", "f", [sp.node(f"w{i}", writes=["out/x"]) for i in range(4)])
+    assert _deps(plan) == {"w0": (), "w1": ("w0",), "w2": ("w1",), "w3": ("w2",)}
+
+
+def test_reader_after_writer_edge_and_source_reads_before_a_later_writer() -> None:
+    plan = sp.compile_plan(
+        "p",
+        "f",
+        [
+            sp.node("gen", writes=["src/gen.py"]),
+            sp.node("lint", reads=["src/**"]),  # later than gen: must observe gen's output
+            sp.node("late", writes=["docs/x"], inputs=[sp.Pending("lint")]),
+            sp.node("early", reads=["docs/x"]),  # declared before nothing orders it after 'late'...
+        ],
+    )
+    assert plan.node("lint").depends_on == ("gen",)
+    # 'early' comes after 'late' in plan order (declaration order), so it is a reader after a writer too
+    assert plan.node("early").depends_on == ("late",)
+    source = sp.compile_plan(
+        "p", "f", [sp.node("early", reads=["docs/x"]), sp.node("late", writes=["docs/x"])]
+    )
+    # a read before an explicitly later writer stays a source read
+    assert source.node("early").depends_on == ()
+
+
+def test_a_node_reading_its_own_output_gets_no_self_edge() -> None:
+    plan = sp.compile_plan("p", "f", [sp.node("a", reads=["out/x"], writes=["out/x"])])
+    assert plan.node("a").depends_on == ()
+
+
+# ---------------------------------------------------------------------------------------------- append
+
+
+def _base() -> Plan:
+    return sp.compile_plan(
+        "p",
+        "f",
+        [
+            sp.node("a", writes=["out/x"]),
+            sp.node("b", inputs=[sp.Ref("a")], writes=["out/y"], runtime="stop-merge"),
+        ],
+    )
+
+
+def test_append_freezes_earlier_nodes_keeps_base_digest_and_bumps_generation() -> None:
+    base = _base()
+    grown = sp.append_plan(
+        base,
+        [
+            sp.node("b+merge", kind="merge", inputs=[sp.Pending("b")], writes=["out/y"]),
+            sp.node("c", writes=["out/x"]),  # a new writer of what 'a' wrote
+        ],
+    )
+    assert grown.nodes[: len(base.nodes)] == base.nodes
+    assert [n.model_dump_json() for n in grown.nodes[:2]] == [n.model_dump_json() for n in base.nodes]
+    assert grown.base_digest == base.digest and grown.digest != base.digest
+    assert grown.generation == 1 and [n.generation for n in grown.nodes] == [0, 0, 1, 1]
+    assert grown.node("c").depends_on == ("a",)  # the serialize edge lands on the new node...
+    assert [c.with_ for c in grown.node("c").conflicts] == ["a"]
+    assert grown.node("a") == base.node("a")  # ...and 'a' is not re-annotated
+    again = sp.append_plan(grown, [sp.node("d", inputs=[sp.Pending("c")])])
+    assert again.generation == 2 and again.base_digest == base.digest
+    assert sp.verify_plan(again) is again
+
+
+def test_append_refuses_duplicates_cycles_and_empty_generations() -> None:
+    base = _base()
+    assert _code(sp.append_plan, base, [sp.node("a")]).code == "duplicate_node"
+    cyc = [sp.node("x", inputs=[sp.Ref("y")]), sp.node("y", inputs=[sp.Ref("x")])]
+    assert _code(sp.append_plan, base, cyc).code == "cycle"
+    assert _code(sp.append_plan, base, []).code == "invalid_plan"
+    assert _code(sp.append_plan, base, [sp.node("z", inputs=[sp.Ref("nope")])]).code == "unknown_dependency"
+
+
+# ---------------------------------------------------------------------------------------------- verify
+
+
+def _replace_node(plan: Plan, i: int, **update: object) -> Plan:
+    nodes = list(plan.nodes)
+    nodes[i] = nodes[i].model_copy(update=update)
+    return plan.model_copy(update={"nodes": tuple(nodes)})
+
+
+def test_verify_refuses_a_tampered_key_digest_edge_or_annotation() -> None:
+    grown = sp.append_plan(_base(), [sp.node("c", writes=["out/x"])])
+    other_key = grown.nodes[0].key
+    tampered = [
+        _replace_node(grown, 1, key=other_key),
+        grown.model_copy(update={"digest": "key1_" + "0" * 64}),
+        grown.model_copy(update={"base_digest": grown.digest}),
+        _replace_node(grown, 2, depends_on=()),  # drop the serialize edge c -> a
+        _replace_node(grown, 1, depends_on=("a", "c")),  # invent an edge
+        _replace_node(grown, 2, conflicts=()),
+        _replace_node(grown, 2, generation=0),
+        _replace_node(grown, 0, position=5),
+        grown.model_copy(update={"generation": 3}),
+        grown.model_copy(update={"nodes": grown.nodes[::-1]}),
+    ]
+    for plan in tampered:
+        err = _code(sp.verify_plan, plan)
+        assert err.code == "invalid_plan"
+
+
+def test_verify_refuses_a_body_mutated_in_place_after_compile() -> None:
+    plan = sp.compile_plan("p", "f", [sp.node("a", body={"cmd": "make"})])
+    plan.nodes[0].draft.material.body["cmd"] = "rm -rf /"
+    err = _code(sp.verify_plan, plan)
+    assert err.code == "invalid_plan" and "'a'" in err.message and "key" in err.message
+
+
+def test_priority_enters_the_digest_exactly_even_beyond_the_safe_range() -> None:
+    assert priority_json(2**53 - 1) == 2**53 - 1 and priority_json(2**53) == str(2**53)
+    digests = {
+        sp.compile_plan("p", "f", [sp.node("a", priority=p)]).digest for p in (2**53, 2**53 + 1, -(2**53), 0)
+    }
+    assert len(digests) == 4
+
+
+def test_digest_covers_identity_order_and_scheduling_fields() -> None:
+    d = [sp.node("a"), sp.node("b")]
+    base = sp.compile_plan("p", "f", d).digest
+    assert base != sp.compile_plan("q", "f", d).digest
+    assert base != sp.compile_plan("p", "g", d).digest
+    assert base != sp.compile_plan("p", "f", d[::-1]).digest
+    assert base != sp.compile_plan("p", "f", [sp.node("a", priority=1), sp.node("b")]).digest
+    nodes: tuple[PlanNode, ...] = sp.compile_plan("p", "f", d).nodes
+    assert plan_digest("p", "f", nodes) == base
+
+
+# ---------------------------------------------------------------------------------------------- overlap index
+
+_entries = st.lists(
+    st.sampled_from(
+        [
+            "a",
+            "a/b",
+            "a/b/c",
+            "b",
+            "a/.h",
+            "dist/",
+            "a/",
+            "a/b/",
+            "a/*",
+            "a/**",
+            "**/c",
+            "b/*.py",
+            "*",
+            "a/b/*",
+        ]
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_entries, min_size=1, max_size=6), _entries)
+def test_producer_index_equals_the_all_pairs_overlap_rule(
+    produced: list[list[str]], query: list[str]
+) -> None:
+    index = ProducerIndex()
+    flat = [flatten(p) for p in produced]
+    for pos, entries in enumerate(flat):
+        index.add(pos, entries)
+    q = flatten(query)
+    assert index.candidates(q) == {pos for pos, entries in enumerate(flat) if sets_overlap(q, entries)}
