@@ -18,6 +18,7 @@ __all__ = [
     "CanonicalError",
     "SettingsError",
     "PlanError",
+    "GraphError",
     "SchedulerError",
     "StoreError",
     "FenceLost",
@@ -25,6 +26,7 @@ __all__ = [
     "ArtifactError",
     "BoundaryError",
     "BoundaryRefusal",
+    "MaterializationConflict",
     "ReplayError",
     "CacheError",
     "ControlError",
@@ -101,6 +103,15 @@ class PlanError(SmthrsError, ValueError):
     )
 
 
+class GraphError(SmthrsError, ValueError):
+    """The in-memory runtime graph or admission policy was driven illegally: an unknown node id, a transition
+    its state does not allow (settling twice, staging a node that never started), an outcome outside
+    ``built|clean|failed|skipped|deferred``, or a concurrency cap that is not a positive int."""
+
+    family = "graph"
+    codes = _codes("unknown_node", "invalid_transition", "invalid_outcome", "invalid_concurrency")
+
+
 class SchedulerError(SmthrsError):
     """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these."""
 
@@ -159,7 +170,9 @@ class ArtifactError(SmthrsError):
     """The fsspec artifact store refused or failed (content-addressed blobs and shared cache entries)."""
 
     family = "artifacts"
-    codes = _codes("not_found", "corrupt", "digest_mismatch", "unavailable", "invalid_digest", "invalid_url")
+    codes = _codes(
+        "not_found", "corrupt", "digest_mismatch", "unavailable", "invalid_digest", "invalid_url", "invalid_name"
+    )
 
 
 class BoundaryError(SmthrsError):
@@ -175,6 +188,13 @@ class BoundaryError(SmthrsError):
         "changed_during_measurement",
         "materialization_conflict",
     )
+
+
+class MaterializationConflict(BoundaryError):
+    """Copy-back refused: the real workspace changed underneath a sandboxed step (between its prepare and the
+    copy of its outputs). Nothing was copied; re-run the step on the new state (delay-rebase)."""
+
+    codes = _codes("materialization_conflict")
 
 
 class BoundaryRefusal(SmthrsError):
@@ -215,6 +235,7 @@ class ControlError(SmthrsError):
         "invalid_cursor",
         "source_changed",
         "invalid_options",
+        "invalid_receipt",
     )
 
 

@@ -1,0 +1,61 @@
+"""Step boundaries: measurement (SHA-256 + stat cache), prepare/settle/replay, and the sandbox transaction."""
+
+from __future__ import annotations
+
+from .boundary import (
+    BoundaryMode,
+    Declaration,
+    Prepared,
+    ReadSetChanged,
+    ReadSetCheck,
+    ReadSetMatches,
+    check_read_set,
+    prepare,
+    settle,
+)
+from .evidence import (
+    Deviation,
+    Evidence,
+    ExpectedSetDeviation,
+    InlineLimits,
+    MissingDeclaredOutput,
+    Output,
+    SurvivingDeclaredRemoval,
+    diff_identity,
+    referenced_digests,
+)
+from .measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
+from .replay import Replayed, replay_outputs
+from .sandbox import SandboxMode, SandboxResult, run_in_sandbox
+
+__all__ = [
+    "ABSENT",
+    "BoundaryMode",
+    "Declaration",
+    "Deviation",
+    "Evidence",
+    "ExpectedSetDeviation",
+    "FileState",
+    "InlineLimits",
+    "MeasureStats",
+    "Measurer",
+    "MissingDeclaredOutput",
+    "Output",
+    "Prepared",
+    "ReadSetChanged",
+    "ReadSetCheck",
+    "ReadSetMatches",
+    "Replayed",
+    "SandboxMode",
+    "SandboxResult",
+    "StatCache",
+    "SurvivingDeclaredRemoval",
+    "check_read_set",
+    "diff_identity",
+    "prepare",
+    "referenced_digests",
+    "replay_outputs",
+    "run_in_sandbox",
+    "settle",
+    "sha256_file",
+]

@@ -1,0 +1,244 @@
+"""Storage backends of :mod:`smthrs_plugin.stores.artifacts` (private).
+
+Everything is plain fsspec except the create-if-absent primitive: local disk stages a temp file and
+``os.link``\\ s it into place (EEXIST when the name exists), S3 sends ``If-None-Match: *`` on ``PUT`` and on
+``CompleteMultipartUpload``, ``memory://`` checks-and-sets under a process lock. fsspec's local
+``mode="create"`` (check-then-write) is never used (PREFECT.md §fsspec).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from typing import IO, Any, Union
+
+#: ``progress(bytes_done, total_bytes_or_None)``; called from the transferring thread.
+ProgressFn = Callable[[int, Union[int, None]], None]
+CHUNK = 4 * 2**20
+
+
+class Backend:
+    kind = "generic"
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def create_bytes(self, path: str, data: bytes) -> bool:
+        """Write ``data`` at ``path`` unless something is there already; True when this call created it."""
+        raise NotImplementedError
+
+    def create_from_file(self, path: str, src: IO[bytes], progress: ProgressFn | None, total: int) -> str:
+        """Create-if-absent from a stream whose digest was already computed; returns the digest of what was
+        written (the caller compares it and nothing is published when they differ)."""
+        raise NotImplementedError
+
+    def stage_file(self, src: IO[bytes], progress: ProgressFn | None, total: int) -> tuple[str, str] | None:
+        """Local disk only: copy ``src`` to a staging file while hashing it (one pass)."""
+        return None
+
+    def publish_staged(self, staged: str, path: str) -> None:
+        raise NotImplementedError
+
+    def discard_staged(self, staged: str) -> None:
+        raise NotImplementedError
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path))
+
+    def open_read(self, path: str) -> IO[bytes]:
+        return self.fs.open(path, "rb")  # type: ignore[no-any-return]
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def remove(self, path: str) -> bool:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def find(self, prefix: str) -> list[str]:
+        try:
+            found = self.fs.find(prefix)
+        except FileNotFoundError:
+            return []
+        return [str(p) for p in found]
+
+
+class LocalBackend(Backend):
+    kind = "local"
+
+    def _tmp(self) -> str:
+        d = f"{self.root}/tmp"
+        os.makedirs(d, exist_ok=True)
+        return f"{d}/{uuid.uuid4().hex}.part"
+
+    def _link(self, tmp: str, path: str) -> bool:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            # link(2) fails with EEXIST when the name exists: create-if-absent without a check-then-write race.
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+
+    def create_bytes(self, path: str, data: bytes) -> bool:
+        tmp = self._tmp()
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return self._link(tmp, path)
+        finally:
+            unlink_quiet(tmp)
+
+    def stage_file(self, src: IO[bytes], progress: ProgressFn | None, total: int) -> tuple[str, str] | None:
+        tmp = self._tmp()
+        h = hashlib.sha256()
+        done = 0
+        try:
+            with open(tmp, "xb") as out:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            unlink_quiet(tmp)
+            raise
+        return tmp, h.hexdigest()
+
+    def publish_staged(self, staged: str, path: str) -> None:
+        self._link(staged, path)
+
+    def discard_staged(self, staged: str) -> None:
+        unlink_quiet(staged)
+
+    def open_read(self, path: str) -> IO[bytes]:
+        return open(path, "rb")
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def remove(self, path: str) -> bool:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+MEMORY_LOCK = threading.Lock()
+
+
+class MemoryBackend(Backend):
+    kind = "memory"
+
+    def create_bytes(self, path: str, data: bytes) -> bool:
+        # memory:// lives in this process only; the lock makes check-and-set atomic among its threads.
+        with MEMORY_LOCK:
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, bytes(data))
+            return True
+
+    def create_from_file(self, path: str, src: IO[bytes], progress: ProgressFn | None, total: int) -> str:
+        data = src.read()
+        if progress is not None:
+            progress(len(data), total)
+        digest = hashlib.sha256(data).hexdigest()
+        if path.endswith(digest[2:]):
+            self.create_bytes(path, data)
+        return digest
+
+
+class S3Backend(Backend):
+    kind = "s3"
+
+    def remove(self, path: str) -> bool:
+        # S3 DELETE succeeds on a missing key: ask first (two concurrent deleters may both report Deleted).
+        if not self.fs.exists(path):
+            return False
+        self.fs.rm_file(path)
+        return True
+
+    def create_bytes(self, path: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(path, data, mode="create")  # PUT with If-None-Match: *
+        except FileExistsError:
+            return False
+        return True
+
+    def create_from_file(self, path: str, src: IO[bytes], progress: ProgressFn | None, total: int) -> str:
+        # Stream with "xb" (multipart, committed with If-None-Match: *) and hash what is actually sent; when the
+        # source changed since it was hashed, abort the upload instead of committing it under the wrong name.
+        f = self.fs.open(path, "xb", block_size=max(5 * 2**20, CHUNK))
+        h = hashlib.sha256()
+        done = 0
+        committed = False
+        try:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+            digest = h.hexdigest()
+            if path.endswith(digest[2:]):
+                try:
+                    f.close()
+                except FileExistsError:
+                    pass  # another writer stored the same bytes first: content addressing makes that success
+                committed = True
+            return digest
+        finally:
+            if not committed:
+                # fsspec files commit on close()/__del__ even after an error: abort explicitly, then mark closed
+                # so that garbage collection cannot publish a half-written blob.
+                try:
+                    f.discard()
+                finally:
+                    f.closed = True
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def size_of(f: IO[bytes]) -> int | None:
+    size = getattr(f, "size", None)  # fsspec buffered files know their size
+    if isinstance(size, int):
+        return size
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def hash_stream(f: IO[bytes]) -> str:
+    """Hex SHA-256 of the rest of an open binary stream."""
+    if hasattr(hashlib, "file_digest"):
+        return hashlib.file_digest(f, "sha256").hexdigest()  # type: ignore[arg-type]
+    h = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
