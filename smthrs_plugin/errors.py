@@ -40,7 +40,9 @@ class SmthrsError(Exception):
     family: ClassVar[str] = "smthrs"
     codes: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, code: str, message: str, *, cause: BaseException | None = None, **details: Any) -> None:
+    def __init__(
+        self, code: str, message: str, *, cause: BaseException | None = None, **details: Any
+    ) -> None:
         if code not in self.codes:
             raise ValueError(f"{type(self).__name__}: unknown code {code!r}; known: {sorted(self.codes)}")
         super().__init__(message)
@@ -116,7 +118,9 @@ class SchedulerError(SmthrsError):
     """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these."""
 
     family = "scheduler"
-    codes = _codes("invalid_plan", "boundary_unavailable", "key_uncomputable", "elaboration_failed", "store_failed")
+    codes = _codes(
+        "invalid_plan", "boundary_unavailable", "key_uncomputable", "elaboration_failed", "store_failed"
+    )
 
     def __init__(
         self,
@@ -171,7 +175,13 @@ class ArtifactError(SmthrsError):
 
     family = "artifacts"
     codes = _codes(
-        "not_found", "corrupt", "digest_mismatch", "unavailable", "invalid_digest", "invalid_url", "invalid_name"
+        "not_found",
+        "corrupt",
+        "digest_mismatch",
+        "unavailable",
+        "invalid_digest",
+        "invalid_url",
+        "invalid_name",
     )
 
 
@@ -201,7 +211,9 @@ class BoundaryRefusal(SmthrsError):
     """Hard-mode refusal of a settled step: what it wrote or left differs from its declaration."""
 
     family = "boundary"
-    codes = _codes("undeclared_write", "missing_declared_output", "surviving_declared_removal", "undeclared_read")
+    codes = _codes(
+        "undeclared_write", "missing_declared_output", "surviving_declared_removal", "undeclared_read"
+    )
 
 
 class ReplayError(SmthrsError):

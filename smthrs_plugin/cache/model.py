@@ -109,6 +109,9 @@ class DispatchRequest:
     publish_shared: bool = True
     on_settled: SettleHook | None = None
     owner: Any = None  # engine.ownership.OwnerId fencing the run's writes (None outside an owned run)
+    # Additive (cache engineer): the identity ``smthrs cache explain`` compares entries of — "<plan_id>/<node_id>"
+    # for plan nodes, the function's qualname for ``@step``. None → ``node_id``.
+    subject: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,4 +126,15 @@ class DispatchResult:
     evidence: Any = None
     deviations: tuple[Any, ...] = ()
     error: BaseException | None = None
-    published: Mapping[str, str] = field(default_factory=dict)  # tier -> "published" | "existing" | "unpublished:<stage>"
+    published: Mapping[str, str] = field(
+        default_factory=dict
+    )  # tier -> "published" | "existing" | "unpublished:<stage>"
+    # Additive (cache engineer): milliseconds spent per phase of this dispatch ("lookup", "verify", "replay",
+    # "execute", "publish"); for benchmarks and debugging, never part of any key.
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+#: The executor the seam runs on a miss: called with the root of the sandbox tree the body must treat as its
+#: workspace (read declared inputs and write declared outputs relative to it; a shell command uses it as cwd).
+#: Its return value is the step's value; it must be plain JSON data to be cached.
+Execute = Callable[[Path], Any]

@@ -1,0 +1,9 @@
+"""Storage backends: ``database`` (SQLite/PostgreSQL through SQLAlchemy Core), ``schema`` + ``migrations``
+(alembic, applied at open), and the fsspec artifact store. Import from the modules; nothing is re-exported here.
+
+Table modules of other concepts (declared on ``schema.metadata``) are registered below, so that any import of the
+store sees the whole schema (the migration diff test, ``metadata.create_all`` in tools) without ``schema.py``
+importing them back (an import circle).
+"""
+
+from . import plan_tables as _plan_tables  # noqa: F401  (registers its tables on schema.metadata)

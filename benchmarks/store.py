@@ -1,0 +1,197 @@
+"""Fenced run transitions per second vs a raw conditional-UPDATE loop on the same database.
+
+    python benchmarks/store.py [--n 1500] [--rounds 5] [--pg postgresql+psycopg://user@host:port/db]
+
+PostgreSQL runs only with --pg or SMTHRS_TEST_POSTGRES_URL (a scratch database is created beside the given one and
+dropped afterwards). Each measurement alternates ours and raw in ``--rounds`` rounds and reports the median rate
+of each side, so both see the same machine load (the CPU is shared).
+
+- heartbeat: ``Ownership.heartbeat``: a fenced compare-and-set on the owner columns plus the global revision bump,
+  one serializable transaction through ``Database.write``.
+- park/resume: ``RunStore.suspend`` + ``Ownership.claim`` (claim, then activate): three fenced transitions, each
+  with its revision bump and (suspend, activate) its journal record, counted as 3 transitions.
+
+Raw baselines (same table, same row, a raw DBAPI connection):
+- "raw tx": ``UPDATE runs ... WHERE run_id AND owner|status`` in its own transaction (SQLite ``BEGIN IMMEDIATE`` /
+  ``COMMIT``; PostgreSQL SERIALIZABLE ``BEGIN``/``COMMIT``): the rawest durable CAS at our isolation level.
+- PostgreSQL also "raw autocommit": the same UPDATE as a single autocommitted statement (1 round trip instead of
+  3: a floor no multi-statement transaction can reach).
+
+Goal: ours >= 0.5x raw tx. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from smthrs_plugin.engine.ownership import Activated, Ownership
+from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.stores.database import Database, open_database
+
+Op = Callable[[], None]
+
+RAW_HB = (
+    "UPDATE runs SET heartbeat_at_ms = {p}, revision = revision + 1 "
+    "WHERE run_id = {p} AND status = 'running' AND owner_nonce = {p}"
+)
+RAW_STATUS = "UPDATE runs SET status = {p}, revision = revision + 1 WHERE run_id = {p} AND status = {p}"
+
+
+def rate(n: int, op: Op) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        op()
+    return n / (time.perf_counter() - t0)
+
+
+def side_by_side(n: int, rounds: int, sides: dict[str, Op]) -> dict[str, float]:
+    for op in sides.values():
+        op()  # warm up: pools, compiled statement caches, prepared statements
+    samples: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(rounds):
+        for k, op in sides.items():
+            samples[k].append(rate(max(1, n // rounds), op))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def ours(db: Database, run_id: str) -> tuple[Op, Op, str]:
+    runs = RunStore(db)
+    own = Ownership(db)
+    runs.create(run_id, "bench/flow")
+    assert isinstance(own.claim(run_id), Activated)
+
+    def heartbeat() -> None:
+        own.heartbeat(run_id)
+
+    def park_resume() -> None:
+        runs.suspend(run_id, own.owner, "event")
+        if not isinstance(own.claim(run_id), Activated):
+            raise AssertionError("claim after suspend did not activate")
+
+    return heartbeat, park_resume, own.owner.nonce
+
+
+def raw_ops(
+    execute: Callable[[str, tuple[Any, ...]], int], begin: Op, commit: Op, p: str, run_id: str, nonce: str
+) -> tuple[Op, Op]:
+    hb_sql, st_sql = RAW_HB.format(p=p), RAW_STATUS.format(p=p)
+
+    def cas(sql: str, args: tuple[Any, ...]) -> None:
+        begin()
+        if execute(sql, args) != 1:
+            raise AssertionError("raw CAS missed")
+        commit()
+
+    def heartbeat() -> None:
+        cas(hb_sql, (time.time_ns() // 10**6, run_id, nonce))
+
+    def park_resume() -> None:
+        cas(st_sql, ("suspended", run_id, "running"))
+        cas(st_sql, ("pending", run_id, "suspended"))
+        cas(st_sql, ("running", run_id, "pending"))
+
+    return heartbeat, park_resume
+
+
+def report(name: str, label: str, mine: float, raws: dict[str, float], per_op: int = 1) -> None:
+    parts = [f"ours {mine * per_op:7.0f}/s"]
+    for k, v in raws.items():
+        parts.append(f"{k} {v * per_op:7.0f}/s -> {mine / v:4.2f}x")
+    print(f"{name:<10} {label:<12} " + "   ".join(parts))
+
+
+def bench_sqlite(n: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "state.db")
+        db = open_database(f"sqlite:///{path}")
+        hb_ours, pr_ours, _ = ours(db, "ours")
+        _, _, nonce = ours(db, "raw")
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+        hb_raw, pr_raw = raw_ops(
+            lambda sql, args: conn.execute(sql, args).rowcount,
+            lambda: conn.execute("BEGIN IMMEDIATE") and None,
+            lambda: conn.execute("COMMIT") and None,
+            "?",
+            "raw",
+            nonce,
+        )
+        hb = side_by_side(n, rounds, {"ours": hb_ours, "raw tx": hb_raw})
+        pr = side_by_side(max(1, n // 3), rounds, {"ours": pr_ours, "raw tx": pr_raw})
+        conn.close()
+        db.close()
+    report("sqlite", "heartbeat", hb.pop("ours"), hb)
+    report("sqlite", "park/resume", pr.pop("ours"), pr, per_op=3)
+
+
+def bench_postgres(base_url: str, n: int, rounds: int) -> None:
+    import psycopg
+    import sqlalchemy as sa
+
+    name = "bench_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = base_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        db = open_database(url)
+        hb_ours, pr_ours, _ = ours(db, "ours")
+        _, _, nonce = ours(db, "raw")
+        dsn = url.replace("postgresql+psycopg://", "postgresql://")
+        tx = psycopg.connect(dsn)
+        tx.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        auto = psycopg.connect(dsn, autocommit=True)
+        hb_tx, pr_tx = raw_ops(
+            lambda sql, args: tx.execute(sql, args, prepare=True).rowcount,
+            lambda: None,
+            tx.commit,
+            "%s",
+            "raw",
+            nonce,
+        )
+        hb_auto, pr_auto = raw_ops(
+            lambda sql, args: auto.execute(sql, args, prepare=True).rowcount,
+            lambda: None,
+            lambda: None,
+            "%s",
+            "raw",
+            nonce,
+        )
+        hb = side_by_side(n, rounds, {"ours": hb_ours, "raw tx": hb_tx, "raw autocommit": hb_auto})
+        pr = side_by_side(
+            max(1, n // 3), rounds, {"ours": pr_ours, "raw tx": pr_tx, "raw autocommit": pr_auto}
+        )
+        tx.close()
+        auto.close()
+        db.close()
+        report("postgresql", "heartbeat", hb.pop("ours"), hb)
+        report("postgresql", "park/resume", pr.pop("ours"), pr, per_op=3)
+    finally:
+        with admin.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1500, help="heartbeats per side (park/resume runs n/3 cycles)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per side (median reported)")
+    ap.add_argument("--pg", default=os.environ.get("SMTHRS_TEST_POSTGRES_URL"), help="PostgreSQL URL")
+    args = ap.parse_args()
+    print("transitions per second (median of alternating rounds); goal: ours >= 0.5x raw tx")
+    bench_sqlite(args.n, args.rounds)
+    if args.pg:
+        bench_postgres(args.pg, args.n, args.rounds)
+    else:
+        print("postgresql skipped: pass --pg URL or set SMTHRS_TEST_POSTGRES_URL")
+
+
+if __name__ == "__main__":
+    main()

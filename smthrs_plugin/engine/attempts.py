@@ -1,0 +1,252 @@
+"""Node attempts of a run: the durable record a reclaiming owner replays settled work from.
+
+Invariants:
+
+- Rows are keyed by (run_id, key_digest, attempt) where ``key_digest = sha256(utf8(key))`` of the node's
+  ``key1_`` key (SEMANTICS.md §1). :meth:`AttemptStore.begin` allocates ``attempt = max + 1`` for that pair
+  inside its transaction; an attempt moves ``started → completed | failed`` exactly once.
+- Every write is FENCED: it asserts, inside its transaction, that the writer still owns the running run, so a
+  zombie owner (stalled, then resumed after a steal) can neither start nor settle an attempt.
+- :meth:`AttemptStore.latest_completed` is what a scheduler replays after a restart: the completed attempt with
+  the highest number for (run, key). Reads decode JSON themselves: list reads skip an undecodable row with one
+  warning naming its key; point reads fail with ``decode_failed``.
+
+Prior art: the reference's attempt rows ("attempts and replay"), Temporal's activity task attempts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..canonical import canonical_bytes, is_key, key_digest
+from ..errors import CanonicalError, StoreError
+from ..stores.database import Database
+from ..stores.schema import ATTEMPT_STATES, attempts
+from .fence import OwnerId, assert_owner
+
+__all__ = ["AttemptStore", "AttemptRecord", "AttemptStarted", "AttemptCompleted", "AttemptFailed"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    run_id: str
+    key: str
+    key_digest: str
+    attempt: int
+    state: str
+    node_id: str | None
+    owner_nonce: str
+    started_at_ms: int
+    finished_at_ms: int | None = None
+    meta: Any = None
+    result: Any = None
+    error: Any = None
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    run_id: str
+    key_digest: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class AttemptCompleted:
+    run_id: str
+    key_digest: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    run_id: str
+    key_digest: str
+    attempt: int
+
+
+class _Undecodable(Exception):
+    pass
+
+
+class AttemptStore:
+    """Fenced attempt lifecycle over the ``attempts`` table."""
+
+    def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.db = db
+        self.clock = clock
+
+    def begin(
+        self, run_id: str, owner: OwnerId, key: str, *, node_id: str | None = None, meta: Any = None
+    ) -> AttemptStarted:
+        """Start the next attempt of ``key`` in ``run_id`` (fenced)."""
+        digest = _digest(key)
+        meta_json = _json_or_none("meta", meta)
+
+        def fn(conn: Connection) -> AttemptStarted:
+            assert_owner(conn, run_id, owner)
+            a = attempts.c
+            n = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.max(a.attempt), 0)).where(
+                    a.run_id == run_id, a.key_digest == digest
+                )
+            ).scalar_one()
+            attempt = int(n) + 1
+            conn.execute(
+                sa.insert(attempts).values(
+                    run_id=run_id,
+                    key_digest=digest,
+                    key=key,
+                    attempt=attempt,
+                    state="started",
+                    node_id=node_id,
+                    owner_nonce=owner.nonce,
+                    meta_json=meta_json,
+                    started_at_ms=self.clock.now_ms(),
+                )
+            )
+            return AttemptStarted(run_id, digest, attempt)
+
+        return self.db.write(fn)
+
+    def complete(
+        self, run_id: str, owner: OwnerId, key: str, attempt: int, *, result: Any = None, meta: Any = None
+    ) -> AttemptCompleted:
+        """Settle a started attempt as completed with ``result`` (fenced)."""
+        result_json = _json_or_none("result", result)
+        meta_json = _json_or_none("meta", meta)
+        extra = {"result_json": result_json} | ({"meta_json": meta_json} if meta is not None else {})
+        self._settle(run_id, owner, key, attempt, "completed", extra)
+        return AttemptCompleted(run_id, _digest(key), attempt)
+
+    def fail(
+        self, run_id: str, owner: OwnerId, key: str, attempt: int, *, error: Any = None, meta: Any = None
+    ) -> AttemptFailed:
+        """Settle a started attempt as failed with ``error`` (fenced)."""
+        error_json = _json_or_none("error", error)
+        meta_json = _json_or_none("meta", meta)
+        extra = {"error_json": error_json} | ({"meta_json": meta_json} if meta is not None else {})
+        self._settle(run_id, owner, key, attempt, "failed", extra)
+        return AttemptFailed(run_id, _digest(key), attempt)
+
+    def _settle(
+        self, run_id: str, owner: OwnerId, key: str, attempt: int, state: str, extra: dict[str, Any]
+    ) -> None:
+        digest = _digest(key)
+
+        def fn(conn: Connection) -> None:
+            assert_owner(conn, run_id, owner)
+            a = attempts.c
+            row = conn.execute(
+                sa.select(a.state).where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)
+            ).first()
+            if row is None:
+                raise StoreError(
+                    "not_found",
+                    f"attempt {attempt} of {key} in run {run_id!r} was never begun; call begin() first",
+                )
+            if row.state != "started":
+                raise StoreError(
+                    "invalid_argument",
+                    f"attempt {attempt} of {key} in run {run_id!r} is already {row.state}; begin a new attempt",
+                )
+            conn.execute(
+                sa.update(attempts)
+                .where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)
+                .values(state=state, finished_at_ms=self.clock.now_ms(), **extra)
+            )
+
+        self.db.write(fn)
+
+    def latest_completed(self, run_id: str, key: str) -> AttemptRecord | None:
+        """The highest-numbered completed attempt of ``key`` in ``run_id`` (what a restarted owner replays)."""
+        digest = _digest(key)
+        a = attempts.c
+        q = (
+            sa.select(attempts)
+            .where(a.run_id == run_id, a.key_digest == digest, a.state == "completed")
+            .order_by(a.attempt.desc())
+            .limit(1)
+        )
+        row = self.db.read(lambda c: c.execute(q).first())
+        if row is None:
+            return None
+        try:
+            return _decode(row)
+        except _Undecodable as exc:
+            raise StoreError(
+                "decode_failed",
+                f"attempt {row.attempt} of {key} in run {run_id!r} does not decode ({exc}); the row is corrupt",
+                cause=exc,
+            ) from exc
+
+    def list(self, run_id: str) -> builtins.list[AttemptRecord]:
+        """Every attempt of ``run_id`` by (key_digest, attempt); undecodable rows skipped with one warning each."""
+        a = attempts.c
+        q = sa.select(attempts).where(a.run_id == run_id).order_by(a.key_digest, a.attempt)
+        out: builtins.list[AttemptRecord] = []
+        for row in self.db.read(lambda c: c.execute(q).all()):
+            try:
+                out.append(_decode(row))
+            except _Undecodable as exc:
+                log.warning(
+                    "storage integrity: skipping undecodable attempts row (%r, %r, %d): %s",
+                    row.run_id, row.key_digest, row.attempt, exc,
+                )  # fmt: skip
+        return out
+
+
+def _digest(key: str) -> str:
+    if not is_key(key):
+        raise StoreError(
+            "invalid_argument", f"{key!r} is not a key1_ key; compute it with smthrs_plugin.canonical.key"
+        )
+    return key_digest(key)
+
+
+def _json_or_none(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return canonical_bytes(value).decode("utf-8")
+    except CanonicalError as exc:
+        raise StoreError(
+            "invalid_argument", f"{name} is not plain JSON data: {exc.message}", cause=exc
+        ) from exc
+
+
+def _json(text: Any, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise _Undecodable(f"{what} is not valid JSON") from exc
+
+
+def _decode(row: Row[Any]) -> AttemptRecord:
+    if row.state not in ATTEMPT_STATES:
+        raise _Undecodable(f"unknown state {row.state!r}")
+    return AttemptRecord(
+        run_id=row.run_id,
+        key=row.key,
+        key_digest=row.key_digest,
+        attempt=int(row.attempt),
+        state=row.state,
+        node_id=row.node_id,
+        owner_nonce=row.owner_nonce,
+        started_at_ms=int(row.started_at_ms),
+        finished_at_ms=row.finished_at_ms,
+        meta=_json(row.meta_json, "meta"),
+        result=_json(row.result_json, "result"),
+        error=_json(row.error_json, "error"),
+    )

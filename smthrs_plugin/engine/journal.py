@@ -1,0 +1,334 @@
+"""The durable journal: an append-only, per-partition sequence of typed records.
+
+Invariants:
+
+- **Partitions.** One per run (the run id) and one per plan (``plan:<plan_id>``). Sequence numbers are per
+  partition, start at 0 and are allocated inside the writer's transaction (``max(seq) + 1``), so the order of a
+  partition is its commit order. Gaps are allowed (readers must not assume contiguity).
+- **Idempotent appends.** A record may carry an address ``(source_id, source_seq)``; the pair is unique within
+  its partition. An exact retry (same type and canonical payload) answers :class:`Duplicate` with the first
+  record's sequence; a different record at the same address is refused with ``idempotency_conflict``. The
+  ownership arbiter uses this to journal "steal refused" once per (run, owner, lease, evidence).
+- **Same transaction as the state change.** :meth:`Journal.append` called inside an open
+  :meth:`Database.write` joins that transaction (as a savepoint) and :meth:`Journal.append_in` writes on the
+  caller's connection: a run transition and its record commit together or not at all.
+- **Publication after commit.** In-process subscribers are notified only after the OUTERMOST commit (never on
+  rollback), in commit order per thread. Cross-process delivery is store-driven: followers read by sequence.
+
+Prior art: Kafka's idempotent producer (producer id + sequence), event-sourcing outboxes written in the state
+transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..canonical import canonical_bytes
+from ..errors import CanonicalError, StoreError
+from ..stores.database import Database
+from ..stores.schema import journal_events
+
+__all__ = [
+    "Journal",
+    "JournalEvent",
+    "Appended",
+    "Duplicate",
+    "AppendOutcome",
+    "Subscription",
+    "plan_partition",
+    "MAX_READ_LIMIT",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_READ_LIMIT = 1000
+_MAX_TEXT = 1024
+
+
+def plan_partition(plan_id: str) -> str:
+    """The journal partition of a plan."""
+    return f"plan:{plan_id}"
+
+
+@dataclass(frozen=True)
+class JournalEvent:
+    """One committed journal record."""
+
+    partition: str
+    seq: int
+    type: str
+    payload: Any
+    created_at_ms: int
+    source_id: str | None = None
+    source_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class Appended:
+    """A new record was written at ``event.seq``."""
+
+    event: JournalEvent
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """An exact retry: the record already exists at ``seq``; nothing was written."""
+
+    seq: int
+    event: JournalEvent
+
+
+AppendOutcome = Appended | Duplicate
+
+
+class Subscription:
+    """Handle of an in-process subscriber; :meth:`close` stops delivery."""
+
+    def __init__(self, hub: _Hub, fn: Callable[[JournalEvent], None], partition: str | None) -> None:
+        self._hub, self.fn, self.partition = hub, fn, partition
+
+    def close(self) -> None:
+        self._hub.remove(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Hub:
+    """Subscribers of one database in this process (shared by every Journal over the same URL)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: tuple[Subscription, ...] = ()
+
+    def add(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs = (*self._subs, sub)
+
+    def remove(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs = tuple(s for s in self._subs if s is not sub)
+
+    def publish(self, event: JournalEvent) -> None:
+        for sub in self._subs:
+            if sub.partition is None or sub.partition == event.partition:
+                try:
+                    sub.fn(event)
+                except Exception:
+                    # The record is committed; one failing subscriber must not starve the others.
+                    log.exception("journal subscriber %r failed on %s#%d", sub.fn, event.partition, event.seq)
+
+
+_J = journal_events.c
+_BY_ADDRESS = sa.select(_J.seq, _J.type, _J.payload_json, _J.created_at_ms).where(
+    _J.partition == sa.bindparam("b_partition"),
+    _J.source_id == sa.bindparam("b_source_id"),
+    _J.source_seq == sa.bindparam("b_source_seq"),
+)
+# The next sequence is allocated and the record inserted in ONE statement (one round trip), inside the
+# writer's serialized transaction: max(seq) + 1 of the partition, 0 for a new one.
+_INSERT_NEXT = (
+    sa.insert(journal_events)
+    .from_select(
+        ["partition", "seq", "source_id", "source_seq", "type", "payload_json", "created_at_ms"],
+        sa.select(
+            sa.bindparam("b_partition", type_=sa.Text),
+            sa.func.coalesce(sa.func.max(_J.seq), -1) + 1,
+            sa.bindparam("b_source_id", type_=sa.Text),
+            sa.bindparam("b_source_seq", type_=sa.BigInteger),
+            sa.bindparam("b_type", type_=sa.Text),
+            sa.bindparam("b_payload", type_=sa.Text),
+            sa.bindparam("b_now", type_=sa.BigInteger),
+        ).where(_J.partition == sa.bindparam("b_partition", type_=sa.Text)),
+    )
+    .returning(_J.seq)
+)
+
+_HUBS: dict[str, _Hub] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def _hub_for(url: str) -> _Hub:
+    with _HUBS_LOCK:
+        hub = _HUBS.get(url)
+        if hub is None:
+            hub = _HUBS[url] = _Hub()
+        return hub
+
+
+class Journal:
+    """Append and read journal records of one database."""
+
+    def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.db = db
+        self.clock = clock
+        self._hub = _hub_for(db.url)
+
+    def append(
+        self,
+        partition: str,
+        type: str,
+        payload: Any,
+        *,
+        source_id: str | None = None,
+        source_seq: int | None = None,
+    ) -> AppendOutcome:
+        """Append one record (joining the caller's open write transaction, if any). See module invariants."""
+        payload_json = _validate(partition, type, payload, source_id, source_seq)
+        return self.db.write(
+            lambda conn: self._append(conn, partition, type, payload_json, source_id, source_seq)
+        )
+
+    def append_in(
+        self,
+        conn: Connection,
+        partition: str,
+        type: str,
+        payload: Any,
+        *,
+        source_id: str | None = None,
+        source_seq: int | None = None,
+    ) -> AppendOutcome:
+        """Append on ``conn``, which must be the connection of an open :meth:`Database.write` of this database."""
+        if not self.db.in_write():
+            raise StoreError(
+                "invalid_argument",
+                "append_in() needs the connection of an open Database.write on this thread",
+            )
+        payload_json = _validate(partition, type, payload, source_id, source_seq)
+        return self._append(conn, partition, type, payload_json, source_id, source_seq)
+
+    def _append(
+        self,
+        conn: Connection,
+        partition: str,
+        type: str,
+        payload_json: str,
+        source_id: str | None,
+        source_seq: int | None,
+    ) -> AppendOutcome:
+        if source_id is not None:
+            row = conn.execute(
+                _BY_ADDRESS, {"b_partition": partition, "b_source_id": source_id, "b_source_seq": source_seq}
+            ).first()
+            if row is not None:
+                if row.type == type and row.payload_json == payload_json:
+                    existing = JournalEvent(
+                        partition, int(row.seq), type, json.loads(payload_json), int(row.created_at_ms),
+                        source_id, source_seq,
+                    )  # fmt: skip
+                    return Duplicate(int(row.seq), existing)
+                raise StoreError(
+                    "idempotency_conflict",
+                    f"journal address ({partition!r}, {source_id!r}, {source_seq}) already holds a different "
+                    f"record ({row.type!r}); a retry must append exactly the same record, a new record needs a "
+                    "new source sequence",
+                    partition=partition,
+                    source_id=source_id,
+                    source_seq=source_seq,
+                )
+        now = self.clock.now_ms()
+        seq = conn.execute(
+            _INSERT_NEXT,
+            {
+                "b_partition": partition,
+                "b_source_id": source_id,
+                "b_source_seq": source_seq,
+                "b_type": type,
+                "b_payload": payload_json,
+                "b_now": now,
+            },
+        ).scalar_one()
+        event = JournalEvent(partition, int(seq), type, json.loads(payload_json), now, source_id, source_seq)
+        self.db.on_commit(lambda: self._hub.publish(event))
+        return Appended(event)
+
+    def read(self, partition: str, after_seq: int | None = None, limit: int = 100) -> list[JournalEvent]:
+        """Records of ``partition`` with ``seq > after_seq`` (all when None), ascending, at most ``limit``."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_READ_LIMIT:
+            raise StoreError(
+                "invalid_argument", f"limit must be an int in 1..{MAX_READ_LIMIT}, got {limit!r}"
+            )
+        if after_seq is not None and (not isinstance(after_seq, int) or isinstance(after_seq, bool)):
+            raise StoreError("invalid_argument", f"after_seq must be an int or None, got {after_seq!r}")
+        j = journal_events
+        q = sa.select(j).where(j.c.partition == partition)
+        if after_seq is not None:
+            q = q.where(j.c.seq > after_seq)
+        q = q.order_by(j.c.seq).limit(limit)
+        rows = self.db.read(lambda c: c.execute(q).all())
+        out: list[JournalEvent] = []
+        for r in rows:
+            try:
+                payload = json.loads(r.payload_json)
+            except ValueError as exc:
+                # A journal is an ordered log: skipping a record would silently reorder history for a reader.
+                raise StoreError(
+                    "decode_failed",
+                    f"journal record {partition!r}#{r.seq} does not decode as JSON; the store is corrupt there",
+                    cause=exc,
+                ) from exc
+            out.append(
+                JournalEvent(
+                    r.partition, int(r.seq), r.type, payload, int(r.created_at_ms), r.source_id,
+                    None if r.source_seq is None else int(r.source_seq),
+                )
+            )  # fmt: skip
+        return out
+
+    def high_water(self, partition: str) -> int | None:
+        """The highest committed sequence of ``partition`` (None when empty)."""
+        j = journal_events
+        return self.db.read(
+            lambda c: c.execute(sa.select(sa.func.max(j.c.seq)).where(j.c.partition == partition)).scalar()
+        )
+
+    def subscribe(self, fn: Callable[[JournalEvent], None], *, partition: str | None = None) -> Subscription:
+        """Call ``fn(event)`` for every record committed by this process (of ``partition`` when given), after its
+        transaction commits. Runs on the committing thread: keep ``fn`` short (hand off to a queue)."""
+        sub = Subscription(self._hub, fn, partition)
+        self._hub.add(sub)
+        return sub
+
+
+def _validate(partition: Any, type: Any, payload: Any, source_id: Any, source_seq: Any) -> str:
+    for name, value in (("partition", partition), ("type", type)):
+        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
+            raise StoreError(
+                "invalid_argument",
+                f"journal {name} must be a non-empty string of at most {_MAX_TEXT} characters",
+            )
+    if (source_id is None) != (source_seq is None):
+        raise StoreError("invalid_argument", "give both source_id and source_seq, or neither")
+    if source_id is not None and (
+        not isinstance(source_id, str) or not source_id or len(source_id) > _MAX_TEXT
+    ):
+        raise StoreError(
+            "invalid_argument", f"source_id must be a non-empty string of at most {_MAX_TEXT} chars"
+        )
+    if source_seq is not None and (
+        not isinstance(source_seq, int) or isinstance(source_seq, bool) or source_seq < 0
+    ):
+        raise StoreError("invalid_argument", f"source_seq must be a non-negative int, got {source_seq!r}")
+    try:
+        return canonical_bytes(payload).decode("utf-8")
+    except CanonicalError as exc:
+        raise StoreError(
+            "invalid_argument", f"journal payload is not plain JSON data: {exc.message}", cause=exc
+        ) from exc

@@ -1,0 +1,440 @@
+"""Run ownership: claim → activate, heartbeat, release, and stealing from an owner on evidence.
+
+Invariants:
+
+- Exactly one incarnation (:class:`~smthrs_plugin.engine.fence.OwnerId`) owns a ``running`` run. Every durable
+  write of an owned run is fenced inside its transaction (:func:`assert_owner`, or a conditional UPDATE on the
+  owner columns), so a process that lost the run gets ``FenceLost`` from the row it writes to.
+- Claiming a ``pending``/``suspended`` run is two serialized transactions: the *claim* records a pending claim
+  (token) unless another incarnation holds a fresh one (:class:`ClaimLost`); *activation* turns the row
+  ``running`` under the claimant only if the row still carries that token (:class:`ActivationLost` otherwise:
+  recovery fencing or an expired claim taken over in between). Of two racing claimants exactly one activates.
+- A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
+  verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
+  ``stolen-and-activated {evidence}``); an :class:`Alive` verdict on a fresh heartbeat is
+  :class:`HeartbeatFresh`; an :class:`Alive` verdict on a stale heartbeat is :class:`StealRefusedOwnerAlive`,
+  journaled ``steal-refused-owner-alive {evidence}`` ONCE per (run, owner, lease, evidence) through the journal's
+  idempotent address (source sequence 0). "The lease" is the heartbeat timestamp refused against.
+- The liveness check runs OUTSIDE the write transaction (a probe may be slow; the SQLite write lock must not
+  wait on it); the steal then re-checks that the row is still exactly what was judged.
+- Time comes from the injected clock; the stale window and skew allowance from Settings (SEMANTICS.md §5:
+  stale after 30 s, skew allowance 10 s; tests shorten them with SMTHRS_STALE_AFTER_S etc.).
+
+Prior art: the reference's ``Ownership`` and its journal records (seed 004, ownership-and-fencing).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..errors import FenceLost, StoreError
+from ..settings import Settings, load_settings
+from ..stores.database import Database
+from ..stores.schema import TERMINAL_STATUSES, runs
+from .fence import (
+    BUMP_REVISION_CTE,
+    CLEAR_CLAIM,
+    CLEAR_OWNER,
+    CLEAR_WAIT,
+    FenceRow,
+    OwnerId,
+    assert_owner,
+    bump_run,
+    current_owner,
+)
+from .journal import Journal
+from .liveness import Alive, Dead, LeaseLiveness, LivenessCheck, LivenessContext, process_start_token
+
+__all__ = [
+    "OwnerId",
+    "current_owner",
+    "assert_owner",
+    "FenceRow",
+    "Ownership",
+    "Activated",
+    "Terminal",
+    "HeartbeatFresh",
+    "StealRefusedOwnerAlive",
+    "ClaimLost",
+    "ActivationLost",
+    "ClaimDecision",
+    "Heartbeat",
+    "Released",
+    "CLAIMABLE_STATUSES",
+]
+
+CLAIMABLE_STATUSES = frozenset({"pending", "suspended"})
+_ARBITRATION_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Activated:
+    """The claimant now owns the running run. ``evidence``/``stolen_from`` are set when it was stolen."""
+
+    kind: ClassVar[str] = "activated"
+    run_id: str
+    owner: OwnerId
+    revision: int
+    evidence: str | None = None
+    stolen_from: OwnerId | None = None
+    cancel_requested_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """The run already settled (completed, failed or cancelled): nothing to claim."""
+
+    kind: ClassVar[str] = "terminal"
+    run_id: str
+    status: str
+
+
+@dataclass(frozen=True)
+class HeartbeatFresh:
+    """Another owner drives the run and its heartbeat is inside the stale window."""
+
+    kind: ClassVar[str] = "heartbeat_fresh"
+    run_id: str
+    owner: OwnerId
+    heartbeat_at_ms: int
+
+
+@dataclass(frozen=True)
+class StealRefusedOwnerAlive:
+    """The heartbeat is stale but the liveness check vouched for the owner (``evidence``: lease-fresh|probe)."""
+
+    kind: ClassVar[str] = "steal_refused_owner_alive"
+    run_id: str
+    owner: OwnerId
+    lease: int
+    evidence: str
+
+
+@dataclass(frozen=True)
+class ClaimLost:
+    """Another claimant holds a fresh pending claim, or the row kept changing while being judged."""
+
+    kind: ClassVar[str] = "claim_lost"
+    run_id: str
+    claimant: OwnerId | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ActivationLost:
+    """Our pending claim was gone at activation (fenced by recovery, or taken over after expiring)."""
+
+    kind: ClassVar[str] = "activation_lost"
+    run_id: str
+    reason: str
+
+
+ClaimDecision = Activated | Terminal | HeartbeatFresh | StealRefusedOwnerAlive | ClaimLost | ActivationLost
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A committed heartbeat; ``cancel_requested_at_ms`` lets the heartbeat double as the cancellation poll."""
+
+    run_id: str
+    at_ms: int
+    revision: int
+    cancel_requested_at_ms: int | None
+
+
+@dataclass(frozen=True)
+class Released:
+    """The run is suspended with waiting reason ``released`` and no owner: claimable at once."""
+
+    run_id: str
+    revision: int
+
+
+@dataclass(frozen=True)
+class _Reserved:
+    token: str
+
+
+@dataclass(frozen=True)
+class _Running:
+    row: Any
+
+
+class _Changed:
+    """The row changed between judging and writing; judge again."""
+
+
+_CHANGED = _Changed()
+
+
+class Ownership:
+    """Claims, heartbeats, releases and steals runs as one owner incarnation."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        owner: OwnerId | None = None,
+        journal: Journal | None = None,
+        liveness: LivenessCheck | None = None,
+        settings: Settings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.db = db
+        self.settings = settings or load_settings()
+        self.owner = owner or current_owner(self.settings)
+        self.clock = clock
+        self.journal = journal or Journal(db, clock=clock)
+        self.liveness: LivenessCheck = liveness or LeaseLiveness()
+        self.stale_after_ms = int(self.settings.stale_after_s * 1000)
+        self.skew_allowance_ms = int(self.settings.skew_allowance_s * 1000)
+        # Recorded so a same-host probe can tell this process from a later one that recycled its pid.
+        self._proc_start = process_start_token(self.owner.pid) if self.owner.pid == os.getpid() else None
+
+    # -- claim / steal ---------------------------------------------------------------------------------------
+    def claim(self, run_id: str) -> ClaimDecision:
+        """Claim and activate ``run_id``; on a running row, arbitrate a takeover (see module invariants).
+
+        Raises ``StoreError(not_found)`` for an unknown run."""
+        for _ in range(_ARBITRATION_ROUNDS):
+            # The common case (a pending or suspended run) reserves in the same transaction that reads the row;
+            # a running row is judged outside any transaction (a liveness probe must not hold the write lock).
+            step = self.db.write(lambda c: self._reserve(c, run_id))
+            if isinstance(step, _Reserved):
+                return self._activate_write(run_id, step.token)
+            decision = self._arbitrate(step.row) if isinstance(step, _Running) else step
+            if not isinstance(decision, _Changed):
+                return decision
+        return ClaimLost(run_id, None, "the run row kept changing while it was being arbitrated; retry later")
+
+    def steal(self, run_id: str) -> ClaimDecision:
+        """Take over ``run_id`` from an owner believed gone (the stale sweep's entry point).
+
+        The same arbitration as :meth:`claim`: a run that is not running is simply claimed."""
+        return self.claim(run_id)
+
+    def _arbitrate(self, row: Row[Any]) -> ClaimDecision | _Changed:
+        recorded = OwnerId(row.owner_host, int(row.owner_pid), row.owner_nonce)
+        if recorded == self.owner:
+            return Activated(
+                row.run_id, self.owner, int(row.revision), cancel_requested_at_ms=row.cancel_requested_at_ms
+            )
+        lease = int(row.heartbeat_at_ms or 0)
+        ctx = LivenessContext(
+            claimant=self.owner,
+            heartbeat_at_ms=lease,
+            now_ms=self.clock.now_ms(),
+            stale_after_ms=self.stale_after_ms,
+            skew_allowance_ms=self.skew_allowance_ms,
+            owner_proc_start=row.owner_proc_start,
+        )
+        verdict = self.liveness.check(recorded, ctx)
+        if isinstance(verdict, Dead):
+            evidence = verdict.evidence
+            return self.db.write(lambda c: self._steal(c, row, recorded, lease, evidence))
+        assert isinstance(verdict, Alive)
+        if ctx.lease_age_ms < self.stale_after_ms:
+            return HeartbeatFresh(row.run_id, recorded, lease)
+        self.journal.append(
+            row.run_id,
+            "steal-refused-owner-alive",
+            {"owner": recorded.to_json(), "lease": lease, "evidence": verdict.evidence},
+            source_id=f"ownership/steal-refused/{recorded}/{lease}/{verdict.evidence}",
+            source_seq=0,
+        )
+        return StealRefusedOwnerAlive(row.run_id, recorded, lease, verdict.evidence)
+
+    def _steal(self, conn: Connection, judged: Row[Any], recorded: OwnerId, lease: int, evidence: str) -> Any:
+        row = _select_row(conn, judged.run_id)
+        if (
+            row is None
+            or row.status != "running"
+            or (row.owner_host, row.owner_pid, row.owner_nonce)
+            != (recorded.host_id, recorded.pid, recorded.nonce)
+            or int(row.heartbeat_at_ms or 0) != lease
+        ):
+            return _CHANGED
+        now = self.clock.now_ms()
+        rev = bump_run(
+            conn,
+            self.db,
+            row.run_id,
+            {**self._owner_values(now), **CLEAR_CLAIM, "updated_at_ms": now},
+        )
+        self.journal.append_in(
+            conn,
+            row.run_id,
+            "stolen-and-activated",
+            {"from": recorded.to_json(), "to": self.owner.to_json(), "evidence": evidence, "lease": lease},
+        )
+        return Activated(row.run_id, self.owner, rev, evidence, recorded, row.cancel_requested_at_ms)
+
+    def _reserve(self, conn: Connection, run_id: str) -> _Reserved | _Running | ClaimDecision | _Changed:
+        row = _select_row(conn, run_id)
+        if row is None:
+            raise StoreError("not_found", f"run {run_id!r} does not exist; create it before claiming it")
+        if row.status in TERMINAL_STATUSES:
+            return Terminal(run_id, row.status)
+        if row.status == "running":
+            return _Running(row)
+        if row.status not in CLAIMABLE_STATUSES:
+            return _CHANGED
+        now = self.clock.now_ms()
+        mine = (row.claim_host, row.claim_pid, row.claim_nonce) == (
+            self.owner.host_id,
+            self.owner.pid,
+            self.owner.nonce,
+        )
+        if row.claim_token is not None and not mine and now - int(row.claimed_at_ms) < self.stale_after_ms:
+            return ClaimLost(run_id, OwnerId(row.claim_host, int(row.claim_pid), row.claim_nonce), "claimed")
+        token = uuid.uuid4().hex
+        bump_run(
+            conn,
+            self.db,
+            run_id,
+            {
+                "claim_host": self.owner.host_id,
+                "claim_pid": self.owner.pid,
+                "claim_nonce": self.owner.nonce,
+                "claim_token": token,
+                "claimed_at_ms": now,
+                "updated_at_ms": now,
+            },
+        )
+        return _Reserved(token)
+
+    def _activate_write(self, run_id: str, token: str) -> ClaimDecision:
+        return self.db.write(lambda c: self._activate(c, run_id, token))
+
+    def _activate(self, conn: Connection, run_id: str, token: str) -> ClaimDecision:
+        row = _select_row(conn, run_id)
+        if row is None:
+            return ActivationLost(run_id, "the run was deleted between claim and activation")
+        if row.status in TERMINAL_STATUSES:
+            return Terminal(run_id, row.status)
+        if row.claim_token != token or row.status not in CLAIMABLE_STATUSES:
+            return ActivationLost(run_id, "the pending claim was cleared or superseded before activation")
+        now = self.clock.now_ms()
+        rev = bump_run(
+            conn,
+            self.db,
+            run_id,
+            {
+                "status": "running",
+                **self._owner_values(now),
+                **CLEAR_CLAIM,
+                **CLEAR_WAIT,
+                "started_at_ms": row.started_at_ms if row.started_at_ms is not None else now,
+                "updated_at_ms": now,
+            },
+        )
+        payload: dict[str, Any] = {"owner": self.owner.to_json(), "from_status": row.status}
+        if row.waiting_reason is not None:
+            payload["waiting_reason"] = row.waiting_reason
+        self.journal.append_in(conn, run_id, "run-activated", payload)
+        return Activated(run_id, self.owner, rev, cancel_requested_at_ms=row.cancel_requested_at_ms)
+
+    def _owner_values(self, now: int) -> dict[str, Any]:
+        return {
+            "owner_host": self.owner.host_id,
+            "owner_pid": self.owner.pid,
+            "owner_nonce": self.owner.nonce,
+            "owner_proc_start": self._proc_start,
+            "heartbeat_at_ms": now,
+        }
+
+    # -- while owning ------------------------------------------------------------------------------------------
+    def heartbeat(self, run_id: str) -> Heartbeat:
+        """Renew the lease of an owned run (fenced); raises ``FenceLost`` when the run was taken over."""
+        return self.db.write(lambda c: self._heartbeat(c, run_id))
+
+    def _heartbeat(self, conn: Connection, run_id: str) -> Heartbeat:
+        now = self.clock.now_ms()
+        o = self.owner
+        args = {"b_run_id": run_id, "b_host": o.host_id, "b_pid": o.pid, "b_nonce": o.nonce, "b_now": now}
+        if self.db.dialect == "postgresql":
+            # One round trip: the revision bump rides in a data-modifying CTE of the fenced UPDATE (it runs even
+            # when the fence matches nothing; the FenceLost below rolls it back).
+            row = conn.execute(_HEARTBEAT_PG, args).first()
+        else:
+            row = conn.execute(_HEARTBEAT, {**args, "b_rev": self.db.next_revision(conn)}).first()
+        if row is None:
+            assert_owner(conn, run_id, self.owner)  # raises FenceLost with what the row says now
+            raise FenceLost("fence_lost", f"{self.owner} no longer owns run {run_id!r}", run_id=run_id)
+        return Heartbeat(run_id, now, int(row.revision), row.cancel_requested_at_ms)
+
+    def assert_owner(self, conn: Connection, run_id: str, *, terminal: bool = False) -> FenceRow:
+        """:func:`assert_owner` for this owner (call inside a write transaction)."""
+        return assert_owner(conn, run_id, self.owner, terminal=terminal)
+
+    def release(self, run_id: str, *, cause: str = "shutdown") -> Released:
+        """Give an owned run up: suspended, waiting reason ``released``, no owner (claimable at once). Fenced.
+
+        Journals ``interrupt-released {cause}`` in the same transaction."""
+        return self.db.write(lambda c: self._release(c, run_id, cause))
+
+    def _release(self, conn: Connection, run_id: str, cause: str) -> Released:
+        now = self.clock.now_ms()
+        rev = bump_run(
+            conn,
+            self.db,
+            run_id,
+            {
+                **CLEAR_OWNER,
+                **CLEAR_WAIT,
+                "waiting_reason": "released",
+                "status": "suspended",
+                "updated_at_ms": now,
+            },
+            owner=self.owner,
+        )
+        self.journal.append_in(
+            conn, run_id, "interrupt-released", {"cause": cause, "owner": self.owner.to_json()}
+        )
+        return Released(run_id, rev)
+
+
+_SELECT_ROW = sa.select(runs).where(runs.c.run_id == sa.bindparam("b_run_id"))
+_HEARTBEAT = (
+    sa.update(runs)
+    .where(
+        runs.c.run_id == sa.bindparam("b_run_id"),
+        runs.c.status == "running",
+        runs.c.owner_host == sa.bindparam("b_host"),
+        runs.c.owner_pid == sa.bindparam("b_pid"),
+        runs.c.owner_nonce == sa.bindparam("b_nonce"),
+    )
+    .values(
+        heartbeat_at_ms=sa.bindparam("b_now"),
+        updated_at_ms=sa.bindparam("b_now"),
+        revision=sa.bindparam("b_rev"),
+    )
+    .returning(runs.c.revision, runs.c.cancel_requested_at_ms)
+)
+_HEARTBEAT_PG = (
+    sa.update(runs)
+    .where(
+        runs.c.run_id == sa.bindparam("b_run_id"),
+        runs.c.status == "running",
+        runs.c.owner_host == sa.bindparam("b_host"),
+        runs.c.owner_pid == sa.bindparam("b_pid"),
+        runs.c.owner_nonce == sa.bindparam("b_nonce"),
+    )
+    .values(
+        heartbeat_at_ms=sa.bindparam("b_now"),
+        updated_at_ms=sa.bindparam("b_now"),
+        revision=sa.select(BUMP_REVISION_CTE.c.revision).scalar_subquery(),
+    )
+    .returning(runs.c.revision, runs.c.cancel_requested_at_ms)
+)
+
+
+def _select_row(conn: Connection, run_id: str) -> Row[Any] | None:
+    return conn.execute(_SELECT_ROW, {"b_run_id": run_id}).first()

@@ -1,0 +1,498 @@
+"""The one SQL database behind every durable store: SQLite (WAL, ``BEGIN IMMEDIATE``) or PostgreSQL (SERIALIZABLE).
+
+Invariants:
+
+- **Serialized writes.** Every write transaction is serializable: SQLite takes the write lock at ``BEGIN
+  IMMEDIATE`` (no deferred-lock upgrade, so no "database is locked" mid-transaction); PostgreSQL runs at
+  ``SERIALIZABLE`` and :meth:`Database.write` re-runs the WHOLE transaction callback on SQLSTATE 40001/40P01,
+  a bounded number of times. A callback therefore must be a pure function of what it reads through ``conn``
+  (plus its arguments): it may run more than once, and only the last run commits.
+- **One writer helper.** Every store writes through :meth:`Database.write`. A ``write`` inside an open write on
+  the same thread becomes a SAVEPOINT of the outer transaction, so store calls compose into one atomic unit
+  (a run transition and its journal record commit together or not at all).
+- **Post-commit effects.** :meth:`Database.on_commit` callbacks run only after the OUTERMOST commit, in
+  registration order; callbacks of a rolled-back savepoint or of a retried attempt are discarded.
+- **Global revision.** :meth:`Database.next_revision` bumps the per-database revision counter in the caller's
+  transaction; stores call it for every run-row mutation, so revision order is commit order.
+- **Per-process engines.** Engines are created lazily, once per (process, URL), and are never pickled: a
+  :class:`Database` pickles as its URL and reopens in the receiving process (Prefect process pools, Dask).
+
+Prior art: SQLite's WAL + ``BEGIN IMMEDIATE`` guidance; PostgreSQL's SSI retry contract ("applications must be
+prepared to retry transactions due to serialization failures"); Django's ``transaction.on_commit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from ..errors import SmthrsError, StoreError
+from . import schema
+from ._dberrors import RETRY_SQLSTATES, connect, sqlstate, store_error
+
+__all__ = [
+    "Database",
+    "open_database",
+    "normalize_url",
+    "Dialect",
+    "SQLITE_BUSY_TIMEOUT_S",
+    "MAX_WRITE_ATTEMPTS",
+]
+
+T = TypeVar("T")
+Dialect = Literal["sqlite", "postgresql"]
+
+log = logging.getLogger(__name__)
+
+#: How long a SQLite writer waits for the write lock before failing (the lock is held for milliseconds).
+SQLITE_BUSY_TIMEOUT_S = 30.0
+#: Whole-transaction attempts on PostgreSQL serialization failures (40001) and deadlocks (40P01).
+MAX_WRITE_ATTEMPTS = 64
+_PG_CONNECT_TIMEOUT_S = 5
+#: A pooled PostgreSQL connection idle longer than this is pinged before reuse.
+_PG_IDLE_PING_S = 5.0
+
+
+def open_database(url: str) -> Database:
+    """Open (creating if needed) the database at ``url`` and bring its schema up to date.
+
+    ``sqlite:///path/to/state.db`` (the parent directory is created) or ``postgresql+psycopg://user@host/db``
+    (``postgresql://`` and ``postgres://`` are accepted and mean psycopg 3). Raises :class:`StoreError` with code
+    ``unsupported_url``, ``unreachable``, ``read_only``, ``schema_too_new`` or ``store_failed`` (cause kept).
+    """
+    normalized, dialect = normalize_url(url)
+    db = Database(normalized, dialect)
+    db._handle()  # connect + migrate now, so a bad URL fails here and not at the first write
+    return db
+
+
+class Database:
+    """A handle on one database. Cheap to create and to pickle; engines live in a per-process registry."""
+
+    def __init__(self, url: str, dialect: Dialect) -> None:
+        self.url = url
+        self.dialect: Dialect = dialect
+        self._source_id: str | None = None
+
+    # -- pickling: the URL travels, engines never do ------------------------------------------------------
+    def __reduce__(self) -> tuple[Callable[[str], Database], tuple[str]]:
+        return (open_database, (self.url,))
+
+    def __repr__(self) -> str:
+        return f"Database({make_url(self.url).render_as_string(hide_password=True)!r})"
+
+    # -- transactions --------------------------------------------------------------------------------------
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in a serializable write transaction and commit; return its result.
+
+        Inside an open write on this thread, ``fn`` runs in a SAVEPOINT of that transaction instead (its
+        effects commit with the outer one). Typed errors raised by ``fn`` roll back and propagate unchanged;
+        driver errors become :class:`StoreError` (cause kept) after bounded retries of serialization failures.
+        """
+        h = self._handle()
+        tx = h.tx()
+        if tx.conn is not None:
+            return _nested(tx, fn)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result, callbacks = _outermost(h, tx, fn)
+            except SmthrsError:
+                raise
+            except sa_exc.DBAPIError as exc:
+                if sqlstate(exc) in RETRY_SQLSTATES and attempt < MAX_WRITE_ATTEMPTS:
+                    # Jittered exponential backoff: concurrent writers of one hot row (the revision counter)
+                    # must not retry in lockstep.
+                    time.sleep(random.uniform(0, min(0.1, 0.001 * 2 ** min(attempt, 10))))
+                    continue
+                raise store_error(self, exc, "write", attempts=attempt) from exc
+            except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+                # sqlite3.Error: raised unwrapped by the statements we send on the driver connection directly
+                # (BEGIN IMMEDIATE, the revision bump), e.g. "database is locked" past the busy timeout.
+                raise store_error(self, exc, "write", attempts=attempt) from exc
+            _run_callbacks(callbacks)
+            return result
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in a read transaction (one coherent snapshot). Inside an open write on this thread it
+        joins that transaction and sees its uncommitted writes; publish what it reads only after commit."""
+        h = self._handle()
+        tx = h.tx()
+        if tx.conn is not None:
+            return fn(tx.conn)
+        try:
+            with connect(self, h.read_engine) as conn, conn.begin():
+                return fn(conn)
+        except SmthrsError:
+            raise
+        except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+            raise store_error(self, exc, "read") from exc
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` after the outermost write transaction open on this thread commits.
+
+        Dropped if that transaction (or the savepoint it was registered in) rolls back. A callback that raises
+        is logged with its traceback and does not stop the others: the commit already happened and cannot be
+        undone by a notification failure."""
+        tx = self._handle().tx()
+        if tx.conn is None:
+            raise StoreError(
+                "invalid_argument",
+                "on_commit() needs an open write transaction: call it from inside a Database.write callback",
+            )
+        tx.callbacks[-1].append(callback)
+
+    def in_write(self) -> bool:
+        """Whether this thread has a write transaction open on this database."""
+        return self._handle().tx().conn is not None
+
+    # -- per-database identity and revision ----------------------------------------------------------------
+    @property
+    def source_id(self) -> str:
+        """The random durable identity minted when this database was created (kept by backups)."""
+        if self._source_id is None:
+            self._source_id = self.read(
+                lambda c: c.execute(
+                    sa.select(schema.meta.c.source_id).where(schema.meta.c.id == 1)
+                ).scalar_one()
+            )
+        return self._source_id
+
+    def next_revision(self, conn: Connection) -> int:
+        """Bump the global revision in ``conn``'s (write) transaction and return the new value."""
+        if self.dialect == "sqlite":
+            # The most executed statement of the store (every run-row mutation): on SQLite it goes straight to
+            # the driver, a third of a fenced heartbeat's Python overhead. Same SQL, same transaction.
+            try:
+                row = conn.connection.driver_connection.execute(_SQLITE_BUMP_SQL).fetchone()  # type: ignore[union-attr]
+            except sqlite3.Error as exc:
+                raise store_error(self, exc, "write") from exc
+            return int(row[0])
+        return int(conn.execute(_BUMP_REVISION).scalar_one())
+
+    def revision(self) -> int:
+        """The current global revision (committed, or this thread's open write)."""
+        m = schema.meta
+        return int(self.read(lambda c: c.execute(sa.select(m.c.revision).where(m.c.id == 1)).scalar_one()))
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        """``INSERT ... ON CONFLICT DO NOTHING`` for this dialect (first writer wins)."""
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            return sqlite_insert(table).on_conflict_do_nothing()
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing()
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The database file of a SQLite database, else None."""
+        if self.dialect != "sqlite":
+            return None
+        return Path(make_url(self.url).database or "")
+
+    def close(self) -> None:
+        """Dispose this process's engines for this URL; a later call on any handle reopens them lazily."""
+        _Registry.dispose(self.url)
+
+    def _handle(self) -> _Handle:
+        return _Registry.get(self)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Transactions
+
+# Hot statements are built once: SQLAlchemy then reuses their memoized cache key and compiled form.
+_BUMP_REVISION = (
+    sa.update(schema.meta)
+    .where(schema.meta.c.id == 1)
+    .values(revision=schema.meta.c.revision + 1)
+    .returning(schema.meta.c.revision)
+)
+_SQLITE_BUMP_SQL = "UPDATE meta SET revision = revision + 1 WHERE id = 1 RETURNING revision"
+
+
+@dataclass
+class _Tx:
+    """Per-thread state of the open write transaction on one database."""
+
+    conn: Connection | None = None
+    callbacks: list[list[Callable[[], None]]] = field(default_factory=list)
+
+
+def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, list[Callable[[], None]]]:
+    with connect(h.db_for_errors, h.write_engine) as conn:
+        tx.conn, tx.callbacks = conn, [[]]
+        try:
+            with conn.begin():
+                result = fn(conn)
+            return result, tx.callbacks[0]
+        finally:
+            tx.conn, tx.callbacks = None, []
+
+
+def _nested(tx: _Tx, fn: Callable[[Connection], T]) -> T:
+    assert tx.conn is not None
+    tx.callbacks.append([])
+    sp = tx.conn.begin_nested()
+    try:
+        result = fn(tx.conn)
+    except BaseException:
+        tx.callbacks.pop()
+        if sp.is_active:
+            try:
+                sp.rollback()
+            except Exception:
+                # The original error matters (a 40001 must reach the outermost retry loop); the outer
+                # transaction is doomed anyway and rolls back as a whole.
+                log.warning(
+                    "rolling back a savepoint failed; the outer transaction will roll back", exc_info=True
+                )
+        raise
+    sp.commit()
+    done = tx.callbacks.pop()
+    tx.callbacks[-1].extend(done)
+    return result
+
+
+def _run_callbacks(callbacks: list[Callable[[], None]]) -> None:
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:
+            log.exception("post-commit callback %r failed (the transaction is committed)", cb)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# URLs and engines
+
+
+def normalize_url(url: str) -> tuple[str, Dialect]:
+    """``(canonical URL, dialect)`` of a database URL, or ``StoreError(unsupported_url)``; touches nothing."""
+    if not isinstance(url, str) or not url.strip():
+        raise StoreError(
+            "unsupported_url", f"database URL {url!r} is empty; use sqlite:///PATH or postgresql://..."
+        )
+    try:
+        u = make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise StoreError(
+            "unsupported_url",
+            f"{url!r} is not a database URL; use sqlite:///path/to/state.db or postgresql+psycopg://user@host/db",
+            cause=exc,
+        ) from exc
+    driver = u.drivername
+    if driver in ("sqlite", "sqlite+pysqlite"):
+        if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
+            raise StoreError(
+                "unsupported_url",
+                f"{url!r}: an in-memory SQLite database cannot be shared between connections or processes; "
+                "use sqlite:///path/to/state.db",
+            )
+        path = Path(u.database).expanduser().resolve()
+        return f"sqlite:///{path.as_posix()}", "sqlite"
+    if driver in ("postgresql", "postgres", "postgresql+psycopg"):
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False), "postgresql"
+    raise StoreError(
+        "unsupported_url",
+        f"unsupported database URL scheme {driver!r}; smthrs supports sqlite:///PATH and "
+        "postgresql+psycopg://user@host/db (psycopg 3)",
+    )
+
+
+@dataclass
+class _Handle:
+    """This process's engines for one URL, plus the per-thread transaction state shared by every handle."""
+
+    db_for_errors: Database
+    write_engine: Engine
+    read_engine: Engine
+    local: threading.local = field(default_factory=threading.local)
+
+    def tx(self) -> _Tx:
+        tx = getattr(self.local, "tx", None)
+        if tx is None:
+            tx = self.local.tx = _Tx()
+        return tx
+
+    def dispose(self) -> None:
+        self.write_engine.dispose()
+        self.read_engine.dispose()
+
+
+class _Registry:
+    """(pid, url) → engines. A forked child never reuses its parent's pooled connections."""
+
+    _lock = threading.RLock()
+    _handles: dict[tuple[int, str], _Handle] = {}
+
+    @classmethod
+    def get(cls, db: Database) -> _Handle:
+        k = (os.getpid(), db.url)
+        h = cls._handles.get(k)
+        if h is not None:
+            return h
+        with cls._lock:
+            h = cls._handles.get(k)
+            if h is None:
+                h = _create_handle(db)
+                cls._handles[k] = h
+            return h
+
+    @classmethod
+    def dispose(cls, url: str) -> None:
+        with cls._lock:
+            h = cls._handles.pop((os.getpid(), url), None)
+        if h is not None:
+            h.dispose()
+
+
+def _create_handle(db: Database) -> _Handle:
+    if db.dialect == "sqlite":
+        write, read = _sqlite_engines(db)
+    else:
+        write, read = _postgres_engines(db)
+    h = _Handle(db_for_errors=db, write_engine=write, read_engine=read)
+    try:
+        from ._migrate import ensure_schema
+
+        ensure_schema(db, write)
+    except BaseException:
+        h.dispose()
+        raise
+    return h
+
+
+def _sqlite_engines(db: Database) -> tuple[Engine, Engine]:
+    path = db.sqlite_path
+    assert path is not None
+    _check_sqlite_path(db, path)
+
+    def make(mode: Literal["write", "read"]) -> Engine:
+        eng = sa.create_engine(
+            db.url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+            pool_size=8,
+            max_overflow=16,
+        )
+
+        @event.listens_for(eng, "connect")
+        def _onconnect(dbapi_conn: Any, _record: Any) -> None:
+            # We issue BEGIN ourselves (below); pysqlite's implicit transaction handling must stay out of it.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            try:
+                cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+                cur.execute("PRAGMA foreign_keys = ON")
+                if mode == "write":
+                    _enable_wal(cur, db)
+            finally:
+                cur.close()
+
+        begin_sql = "BEGIN IMMEDIATE" if mode == "write" else "BEGIN"
+
+        @event.listens_for(eng, "begin")
+        def _on_begin(conn: Connection) -> None:
+            # IMMEDIATE takes the write lock up front: a deferred transaction that reads then writes can fail
+            # with SQLITE_BUSY at the upgrade, which no busy timeout can fix (PREFECT.md §Databases).
+            # Issued on the driver connection itself (what conn.exec_driver_sql would send, minus a full
+            # statement execution round through SQLAlchemy: ~10% of a small write transaction).
+            conn.connection.driver_connection.execute(begin_sql)  # type: ignore[union-attr]
+
+        return eng
+
+    return make("write"), make("read")
+
+
+def _enable_wal(cur: Any, db: Database) -> None:
+    # Switching a brand-new file to WAL needs an exclusive lock and SQLite does not run the busy handler for
+    # it: two processes creating the database at once would see "database is locked". Retry until the busy
+    # timeout, and refuse (never fall back to rollback journaling) where WAL is unavailable.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            mode = str(cur.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            break
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.001, 0.01))
+    if mode != "wal":
+        raise sqlite3.OperationalError(
+            f"{db.sqlite_path}: SQLite refused WAL journaling (journal_mode={mode}); put the database on a local "
+            "filesystem that supports WAL"
+        )
+
+
+def _check_sqlite_path(db: Database, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            "read_only" if isinstance(exc, PermissionError) else "unreachable",
+            f"cannot create the directory {path.parent} for the SQLite database: {exc}",
+            cause=exc,
+        ) from exc
+    # WAL needs to create -wal/-shm files beside the database, so the directory must be writable too.
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(
+            "read_only",
+            f"the SQLite database {path} is read-only; give this process write access or use another SMTHRS_DB_URL",
+        )
+    if not os.access(path.parent, os.W_OK):
+        raise StoreError(
+            "read_only",
+            f"the directory {path.parent} of the SQLite database is read-only (WAL needs to create files beside "
+            "the database); give this process write access or use another SMTHRS_DB_URL",
+        )
+
+
+def _postgres_engines(db: Database) -> tuple[Engine, Engine]:
+    common: dict[str, Any] = {
+        "connect_args": {"connect_timeout": _PG_CONNECT_TIMEOUT_S},
+        "pool_size": 8,
+        "max_overflow": 16,
+    }
+    write = sa.create_engine(db.url, isolation_level="SERIALIZABLE", **common)
+    # Read-only snapshots: REPEATABLE READ is one coherent snapshot and never fails with 40001.
+    read = sa.create_engine(db.url, isolation_level="REPEATABLE READ", **common)
+    for eng in (write, read):
+        _ping_when_idle(eng)
+    return write, read
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    # pool_pre_ping costs a round trip on EVERY checkout (a third of a fenced heartbeat). A connection that was
+    # used moments ago is alive; only one idle for a while (server restart, idle timeouts) is pinged, and a
+    # failed ping makes the pool replace it before any statement of the transaction is sent.
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["smthrs_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("smthrs_idle_since")
+        if since is None or time.monotonic() - since < _PG_IDLE_PING_S:
+            return
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            dbapi_conn.rollback()
+        except Exception as exc:
+            raise sa_exc.DisconnectionError(f"idle connection failed its ping: {exc}") from exc
