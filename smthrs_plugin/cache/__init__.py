@@ -1,0 +1,56 @@
+"""The content-addressed cache: the dispatch seam, admission, the local (SQL) and shared (artifact store) tiers,
+explain and maintenance (ls / verify / gc)."""
+
+from __future__ import annotations
+
+from .admission import Admissible, Admission, NotAdmissible, admit, admit_entry, admit_settlement
+from .dispatch import PROVENANCE_EVENT, CacheDispatcher
+from .entry import ENTRY_FORMAT, CacheEntry, Undecodable, check_cacheable, decode_entry
+from .local import LocalRow, LocalTier
+from .model import (
+    CacheDecision,
+    DispatchRequest,
+    DispatchResult,
+    Execute,
+    Miss,
+    ReplayFailed,
+    SettleHook,
+    StaleReadSet,
+    Unmeasurable,
+    UnverifiableEvidence,
+    VerifiedHit,
+)
+from .requests import declaration_of, node_request
+from .shared import SharedTier
+
+__all__ = [
+    "Admissible",
+    "Admission",
+    "CacheDecision",
+    "CacheDispatcher",
+    "CacheEntry",
+    "DispatchRequest",
+    "DispatchResult",
+    "ENTRY_FORMAT",
+    "Execute",
+    "LocalRow",
+    "LocalTier",
+    "Miss",
+    "NotAdmissible",
+    "PROVENANCE_EVENT",
+    "ReplayFailed",
+    "SettleHook",
+    "SharedTier",
+    "StaleReadSet",
+    "Undecodable",
+    "Unmeasurable",
+    "UnverifiableEvidence",
+    "VerifiedHit",
+    "admit",
+    "admit_entry",
+    "admit_settlement",
+    "check_cacheable",
+    "declaration_of",
+    "decode_entry",
+    "node_request",
+]

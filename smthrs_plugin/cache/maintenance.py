@@ -1,0 +1,324 @@
+"""Cache maintenance: list entries, verify their blobs, collect garbage — what ``smthrs cache ls|verify|gc`` run.
+
+Invariants
+- ``gc`` never deletes a blob an entry references. "Referenced" is the union over BOTH tiers — every local row
+  (any scope, invalidated rows included until they are themselves collected) and every decodable shared entry —
+  and it is computed twice: candidates are chosen from the first pass and deleted only if the second pass (taken
+  after listing the blobs) still does not reference them.
+- ``gc`` honours a grace period: a blob younger than ``grace_s`` is kept even when unreferenced, because a writer
+  publishes blobs BEFORE the entry that references them (CAS before AC); the grace period is the window a
+  publication may take. Rows are collected under the same grace: invalidated rows invalidated longer ago than it,
+  and run-local rows whose run is terminal (or unknown to this database) and older than it.
+  Residual race (as in any mark-and-sweep over a CAS with dedupe, e.g. git's ``gc.pruneExpire``): a writer that
+  re-references an OLD blob without re-uploading it after gc's second pass can lose it; the reader then gets
+  ``ReplayFailed(missing_artifact)`` and re-executes — a wasted run, never a wrong result.
+- ``verify`` re-reads and re-hashes every blob a served entry references (local rows in the local store, shared
+  entries in the shared store) and reports ``corrupt``/``missing``/``undecodable``; it changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from .._clock import SYSTEM_CLOCK, Clock
+from ..boundary.evidence import referenced_digests
+from ..stores.artifacts import ArtifactStore, Corrupt, NotFound
+from ..stores.schema import TERMINAL_STATUSES, runs, step_cache
+from .entry import CacheEntry, Undecodable
+from .local import LocalTier
+from .shared import SharedTier, same_store
+
+__all__ = [
+    "EntryInfo",
+    "list_entries",
+    "Problem",
+    "VerifyReport",
+    "verify",
+    "GcReport",
+    "gc",
+]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry as ``smthrs cache ls`` shows it."""
+
+    tier: Literal["local", "shared"]
+    name: str
+    key: str | None
+    subject: str | None
+    scope: str | None
+    run_id: str | None
+    node_id: str | None
+    host: str | None
+    created_at_ms: int | None
+    last_used_at_ms: int | None = None
+    invalidated_at_ms: int | None = None
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def list_entries(local: LocalTier, shared: SharedTier | None = None) -> list[EntryInfo]:
+    """Local rows (newest first), then shared entries (by name) when ``shared`` is given."""
+    out: list[EntryInfo] = []
+    for r in local.rows():
+        p = r.provenance or {}
+        out.append(
+            EntryInfo(
+                "local",
+                r.key_digest,
+                r.key,
+                r.subject,
+                r.scope,
+                r.run_id,
+                p.get("node_id"),
+                p.get("host"),
+                r.created_at_ms,
+                r.last_used_at_ms,
+                r.invalidated_at_ms,
+            )  # fmt: skip
+        )
+    if shared is not None:
+        for name, decoded in shared.iter_entries():
+            if isinstance(decoded, CacheEntry):
+                p = decoded.provenance
+                out.append(
+                    EntryInfo(
+                        "shared",
+                        name,
+                        decoded.key,
+                        decoded.subject,
+                        decoded.scope,
+                        p.get("run_id"),
+                        p.get("node_id"),
+                        p.get("host"),
+                        p.get("created_at_ms"),
+                    )  # fmt: skip
+                )
+            elif isinstance(decoded, Undecodable):
+                out.append(
+                    EntryInfo(
+                        "shared", name, None, None, None, None, None, None, None, problem=decoded.reason
+                    )
+                )
+    return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """``kind``: ``corrupt`` (a blob no longer hashes to its name), ``missing`` (a referenced blob is absent),
+    ``undecodable`` (the entry itself does not decode or verify)."""
+
+    tier: Literal["local", "shared"]
+    entry: str
+    kind: Literal["corrupt", "missing", "undecodable"]
+    digest: str | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "entry": self.entry,
+            "kind": self.kind,
+            "digest": self.digest,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    entries: int
+    blobs: int
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entries": self.entries,
+            "blobs": self.blobs,
+            "ok": self.ok,
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+def verify(
+    local: LocalTier,
+    artifacts: ArtifactStore,
+    shared: SharedTier | None = None,
+    *,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Re-hash every blob referenced by a servable entry. ``progress(done, total)`` counts blobs."""
+    wanted: list[tuple[Literal["local", "shared"], str, str, ArtifactStore]] = []
+    problems: list[Problem] = []
+    entries = 0
+    for row, decoded in local.iter_entries():
+        if row.invalidated_at_ms is not None:
+            continue  # never served again; gc collects it
+        entries += 1
+        if isinstance(decoded, Undecodable):
+            problems.append(Problem("local", row.key_digest, "undecodable", None, decoded.reason))
+            continue
+        wanted.extend(
+            ("local", row.key_digest, d, artifacts) for d in sorted(referenced_digests(decoded.evidence))
+        )
+    if shared is not None:
+        for name, published in shared.iter_entries():
+            if published is None:
+                continue
+            entries += 1
+            if isinstance(published, Undecodable):
+                problems.append(Problem("shared", name, "undecodable", None, published.reason))
+                continue
+            wanted.extend(
+                ("shared", name, d, shared.store) for d in sorted(referenced_digests(published.evidence))
+            )
+    checked: dict[tuple[str, str], Any] = {}
+    for i, (tier, name, digest, store) in enumerate(wanted):
+        ck = (store.url, digest)
+        if ck not in checked:
+            checked[ck] = store.check_blob(digest)
+        result = checked[ck]
+        if isinstance(result, Corrupt):
+            problems.append(Problem(tier, name, "corrupt", digest, f"hashes to {result.actual}"))
+        elif isinstance(result, NotFound):
+            problems.append(Problem(tier, name, "missing", digest, f"not in {store.url}"))
+        if progress is not None:
+            progress(i + 1, len(wanted))
+    return VerifyReport(entries, len(checked), tuple(problems))
+
+
+@dataclass(frozen=True)
+class GcReport:
+    dry_run: bool
+    grace_s: float
+    referenced: int
+    deleted_blobs: tuple[str, ...]
+    kept_young: int
+    deleted_rows: tuple[str, ...]
+    stores: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "grace_s": self.grace_s,
+            "referenced": self.referenced,
+            "deleted_blobs": list(self.deleted_blobs),
+            "kept_young": self.kept_young,
+            "deleted_rows": list(self.deleted_rows),
+            "stores": list(self.stores),
+        }
+
+
+def _referenced(local: LocalTier, shared: SharedTier | None) -> set[str]:
+    refs: set[str] = set()
+    for _, decoded in local.iter_entries():
+        if isinstance(decoded, CacheEntry):
+            refs |= referenced_digests(decoded.evidence)
+    if shared is not None:
+        for _, published in shared.iter_entries():
+            if isinstance(published, CacheEntry):
+                refs |= referenced_digests(published.evidence)
+    return refs
+
+
+def _mtime_s(store: ArtifactStore, digest: str) -> float | None:
+    """The blob's modification time in epoch seconds, or None when the backend does not say (kept then)."""
+    try:
+        info = store.fs.info(store.blob_path(digest))
+    except FileNotFoundError:
+        return None
+    for k in ("mtime", "LastModified", "last_modified", "created"):
+        v = info.get(k)
+        if isinstance(v, dt.datetime):
+            return v.timestamp()
+        if isinstance(v, (int, float)):
+            return float(v)
+    return None
+
+
+def _collectable_rows(local: LocalTier, cutoff_ms: int) -> list[str]:
+    t, r = step_cache, runs
+    q_invalid = sa.select(t.c.key_digest).where(
+        t.c.invalidated_at_ms.is_not(None), t.c.invalidated_at_ms < cutoff_ms
+    )
+    q_run_local = (
+        sa.select(t.c.key_digest, r.c.status, r.c.finished_at_ms)
+        .select_from(t.outerjoin(r, r.c.run_id == t.c.run_id))
+        .where(t.c.scope == "run-local", t.c.created_at_ms < cutoff_ms)
+    )
+
+    def read(c: sa.Connection) -> list[str]:
+        out = list(c.execute(q_invalid).scalars())
+        for row in c.execute(q_run_local):
+            gone = row.status is None  # a run this database never knew (e.g. a Prefect flow run)
+            done = row.status in TERMINAL_STATUSES and (
+                row.finished_at_ms is None or row.finished_at_ms < cutoff_ms
+            )
+            if gone or done:
+                out.append(row.key_digest)
+        return sorted(set(out))
+
+    return local.db.read(read)
+
+
+def gc(
+    local: LocalTier,
+    artifacts: ArtifactStore,
+    shared: SharedTier | None = None,
+    *,
+    grace_s: float = 3600.0,
+    dry_run: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
+) -> GcReport:
+    """Collect expired rows, then every blob no entry references that is older than ``grace_s``."""
+    if grace_s < 0:
+        raise ValueError("grace_s must be >= 0")
+    now_ms = clock.now_ms()
+    cutoff_ms = now_ms - int(grace_s * 1000)
+    rows = _collectable_rows(local, cutoff_ms)
+    if not dry_run and rows:
+        local.db.write(lambda c: [local.delete_in(c, k) for k in rows])
+    stores: list[ArtifactStore] = [artifacts]
+    if shared is not None and not same_store(shared.store, artifacts):
+        stores.append(shared.store)
+    first = _referenced(local, shared)
+    candidates: list[tuple[ArtifactStore, str]] = []
+    young = 0
+    for store in stores:
+        for digest in store.iter_blobs():
+            if digest in first:
+                continue
+            mtime = _mtime_s(store, digest)
+            if mtime is None or mtime * 1000 > cutoff_ms:
+                young += 1
+                continue
+            candidates.append((store, digest))
+    second = _referenced(local, shared) if candidates else first
+    doomed = [(s, d) for s, d in candidates if d not in second]
+    if not dry_run:
+        for store, digest in doomed:
+            store.delete_blob(digest)
+        for store in stores:
+            store.purge_staging(older_than_s=max(grace_s, 60.0))
+    return GcReport(
+        dry_run=dry_run,
+        grace_s=grace_s,
+        referenced=len(second),
+        deleted_blobs=tuple(d for _, d in doomed),
+        kept_young=young,
+        deleted_rows=tuple(rows),
+        stores=tuple(s.url for s in stores),
+    )

@@ -1,0 +1,208 @@
+"""``smthrs cache ls | explain NODE_OR_KEY | verify | gc`` — the content-addressed cache from the command line.
+
+Invariant: each command opens the stores named by its options (defaults from ``SMTHRS_*`` settings), calls one
+library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON object (``--json``). Exit codes
+(:mod:`._common`): 0 done, 1 ``verify`` found a problem, 2 a refused input (any typed ``SmthrsError``). The cache
+modules (SQLAlchemy, fsspec) are imported inside the commands so ``smthrs --help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import SmthrsError
+from ..settings import load_settings
+from ._common import EXIT_FAILED, DbOption, JsonOption
+from ._common import done as _done
+from ._common import refuse as _refuse
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..cache.local import LocalTier
+    from ..cache.maintenance import VerifyReport
+    from ..cache.shared import SharedTier
+    from ..stores.artifacts import ArtifactStore
+
+__all__ = ["cache_app", "register"]
+
+cache_app = typer.Typer(
+    help="The content-addressed step cache: list entries, explain a miss, verify blobs, collect garbage.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``cache`` command group to the root ``smthrs`` app."""
+    app.add_typer(cache_app, name="cache")
+
+
+ArtifactsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--artifacts",
+        help="Artifact store URL (default: SMTHRS_ARTIFACTS_URL, else <workspace>/.smthrs/artifacts).",
+    ),
+]
+SharedOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shared", help="Shared tier URL when it differs from --artifacts (default: the artifact store)."
+    ),
+]
+WorkspaceOption = Annotated[
+    Path | None,
+    typer.Option("--workspace", help="Workspace directory (default: SMTHRS_WORKSPACE, else the cwd)."),
+]
+
+
+@dataclass(frozen=True)
+class _Stores:
+    local: LocalTier
+    artifacts: ArtifactStore
+    shared: SharedTier
+
+
+def _open(db: str | None, artifacts: str | None, shared: str | None, workspace: Path | None) -> _Stores:
+    from ..cache.local import LocalTier
+    from ..cache.shared import SharedTier
+    from ..stores.artifacts import ArtifactStore
+    from ..stores.database import open_database
+
+    s = load_settings(workspace=workspace, db_url=db, artifacts_url=artifacts)
+    store = ArtifactStore(s.resolved_artifacts_url, s.artifacts_options)
+    shared_store = ArtifactStore(shared, s.artifacts_options) if shared else store
+    return _Stores(LocalTier(open_database(s.resolved_db_url)), store, SharedTier(shared_store))
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@cache_app.command("ls")
+def ls(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    with_shared: Annotated[
+        bool, typer.Option("--with-shared", help="Also list the shared tier's entries.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """List cache entries: local rows (newest first), and the shared tier's with --with-shared."""
+    from ..cache.maintenance import list_entries
+
+    try:
+        st = _open(db, artifacts, shared, workspace)
+        entries = list_entries(st.local, st.shared if with_shared else None)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = []
+    for e in entries:
+        state = "invalidated" if e.invalidated_at_ms is not None else (e.problem or "ok")
+        lines.append(
+            f"{e.tier:6} {e.scope or '-':9} {(e.subject or '-'):32} {(e.key or e.name)[:21]:21} "
+            f"{_when(e.created_at_ms)} {e.host or '-'} {state}"
+        )
+    _done(as_json, {"entries": [e.to_json() for e in entries]}, "\n".join(lines) or "no cache entries")
+
+
+@cache_app.command("explain")
+def explain(
+    node_or_key: Annotated[
+        str, typer.Argument(help="A node id, plan/node subject, function qualname or key1_ key.")
+    ],
+    db: DbOption = None,
+    workspace: WorkspaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node."""
+    from ..cache.explain import explain as explain_entry
+    from ..cache.local import LocalTier
+    from ..stores.database import open_database
+
+    try:
+        s = load_settings(workspace=workspace, db_url=db)
+        explained = explain_entry(LocalTier(open_database(s.resolved_db_url)), node_or_key)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    _done(as_json, explained.to_json(), "\n".join(explained.lines()))
+
+
+@cache_app.command("verify")
+def verify(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-hash every blob a servable entry references (local rows and shared entries); exit 1 on a problem."""
+    try:
+        st = _open(db, artifacts, shared, workspace)
+        report = _verify_with_progress(st, show=not as_json and sys.stderr.isatty())
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = [
+        f"checked {report.entries} entries, {report.blobs} blobs: " + ("ok" if report.ok else "PROBLEMS")
+    ]
+    lines += [
+        f"  {p.kind}: {p.tier} entry {p.entry[:16]} {p.digest or ''} {p.detail}" for p in report.problems
+    ]
+    _done(as_json, report.to_json(), "\n".join(lines))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _verify_with_progress(st: _Stores, *, show: bool) -> VerifyReport:
+    from ..cache.maintenance import verify as verify_cache
+
+    if not show:
+        return verify_cache(st.local, st.artifacts, st.shared)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("verifying blobs", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return verify_cache(st.local, st.artifacts, st.shared, progress=progress)
+
+
+@cache_app.command("gc")
+def gc(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    grace: Annotated[
+        float, typer.Option("--grace", min=0, help="Keep anything younger than this many seconds.")
+    ] = 3600.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete expired rows and every unreferenced blob older than --grace (never a referenced blob)."""
+    from ..cache.maintenance import gc as gc_cache
+
+    try:
+        st = _open(db, artifacts, shared, workspace)
+        report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace, dry_run=dry_run)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    verb = "would delete" if dry_run else "deleted"
+    _done(
+        as_json,
+        report.to_json(),
+        f"{verb} {len(report.deleted_blobs)} blob(s) and {len(report.deleted_rows)} row(s); kept"
+        f" {report.referenced} referenced and {report.kept_young} young blob(s) (grace {report.grace_s:g}s)",
+    )
