@@ -1,0 +1,53 @@
+"""The plan scheduler: record/append/run with Reports, conflicts, reconciliation and hosts (DESIGN.md §3).
+
+``PlanScheduler`` drives a persisted plan through the cache dispatch seam on a host; ``reconcile`` judges
+deviations and unabsorbed conflicts; ``inputs`` pins source reads and the environment per run; ``planfile``
+reads the YAML plan format.
+"""
+
+from __future__ import annotations
+
+from .host import Host, InlineHost, ThreadHost
+from .inputs import environment_fingerprint, normalize_environment
+from .job import JobOutcome, NodeJob
+from .model import AlreadyRecorded, NodeInput, Recorded, RecordResult, Report, Settlement
+from .reconcile import (
+    ConflictCase,
+    DefaultReconciler,
+    Deviation,
+    FactorOut,
+    Fail,
+    ReconcileContext,
+    Reconciler,
+    Reorder,
+    Verdict,
+)
+from .scheduler import Executor, PlanScheduler, RunLifecycle
+
+__all__ = [
+    "AlreadyRecorded",
+    "ConflictCase",
+    "DefaultReconciler",
+    "Deviation",
+    "Executor",
+    "FactorOut",
+    "Fail",
+    "Host",
+    "InlineHost",
+    "JobOutcome",
+    "NodeInput",
+    "NodeJob",
+    "PlanScheduler",
+    "ReconcileContext",
+    "Reconciler",
+    "RecordResult",
+    "Recorded",
+    "Reorder",
+    "RunLifecycle",
+    "Report",
+    "Settlement",
+    "ThreadHost",
+    "Verdict",
+    "environment_fingerprint",
+    "normalize_environment",
+]

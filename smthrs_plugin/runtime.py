@@ -1,0 +1,290 @@
+"""The composition root: ``open_runtime(...)`` wires the stores, the journal, the owner, the cache dispatch seam
+and plan schedulers from settings (DESIGN.md §2, "runtime").
+
+Invariants
+- Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults (SQLite at
+  ``<workspace>/.smthrs/state.db``, artifacts under ``<workspace>/.smthrs/artifacts``). Bad settings are a typed
+  ``SettingsError``/``StoreError``/``ArtifactError`` raised by ``open_runtime`` before anything else happens.
+- One workspace, one measurer: the dispatcher and every scheduler share it (its stat cache is what keeps
+  re-measurement cheap).
+- Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
+  by :meth:`Runtime.scheduler` drives its own run (:class:`LocalRunDriver`): it creates the run if needed, claims
+  it (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
+  ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it ``failed`` too). A pass interrupted by anything else, or
+  refused for its input identity (``invalid_plan``), releases the run instead, so ``--run-id`` resumes it.
+  Every scheduler it makes gates nodes declaring ``approval:`` with the control plane's ``NodeGate`` (asked before the
+  node's attempt begins; a pending request parks the run ``waiting-approval``), and :meth:`Runtime.control` is the
+  control plane wired with this process's owner and the plugins' approval authority and liveness check.
+  A timer node waiting beyond the in-process budget parks the run ``timer`` at its stored deadline instead
+  (``RunParked`` propagates to the caller; ``smthrs run`` exits 75), and a cancellation settles it ``cancelled``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from ._clock import SYSTEM_CLOCK, Clock
+from ._metrics import NULL_METRICS, MetricsPort
+from .cache.dispatch import CacheDispatcher
+from .control.approvals import NodeGate
+from .control.control import Control
+from .engine.active_run import ActiveRun
+from .engine.context import RunCancelled, RunParked, RunReleased
+from .engine.fence import OwnerId, current_owner
+from .engine.journal import Journal
+from .engine.liveness import LivenessCheck
+from .engine.ownership import Activated, Ownership, Terminal
+from .engine.runs import RunStore
+from .engine.waits import WaitStore
+from .errors import FenceLost, SchedulerError
+from .hooks.manager import Plugins, get_plugins
+from .hooks.wiring import observed_metrics, scheduler_options
+from .plan import ABSENT, Concurrency, Plan
+from .scheduler import PlanScheduler, Reconciler, Report
+from .scheduler.host import Host
+from .settings import Settings, load_settings
+from .stores.artifacts import ArtifactStore
+from .stores.database import Database, open_database
+
+__all__ = ["open_runtime", "Runtime", "LocalRunDriver"]
+
+
+class LocalRunDriver:
+    """A minimal run driver for one process: create → claim → heartbeat → settle (see the module docstring)."""
+
+    def __init__(self, runs: RunStore, ownership: Ownership) -> None:
+        self.runs = runs
+        self.ownership = ownership
+        self.waits = WaitStore(runs.db, journal=runs.journal, runs_store=runs, clock=runs.clock)
+        # Durable waits (engine/active_run.py): heartbeat + cancellation poll, and the run context a timer node
+        # (or sp.sleep in a node) reads, current on the pass's thread between enter and exit.
+        self._active: dict[str, tuple[ActiveRun, ExitStack]] = {}
+
+    def enter(self, run_id: str, plan: Plan) -> None:
+        self.runs.create(run_id, plan.flow)
+        decision = self.ownership.claim(run_id)
+        if isinstance(decision, Terminal):
+            raise SchedulerError(
+                "invalid_plan",
+                f"run {run_id!r} already settled ({decision.status}); start a new run id — work it built is served "
+                "from the cache",
+                run_id=run_id,
+            )
+        if not isinstance(decision, Activated):
+            raise FenceLost(
+                "fence_lost",
+                f"run {run_id!r} is held by another owner ({type(decision).__name__}); wait for it to finish, or for "
+                "its lease to lapse if it died",
+                run_id=run_id,
+            )
+        active = ActiveRun(decision, plan.flow, ownership=self.ownership, runs=self.runs, waits=self.waits)
+        scope = ExitStack()
+        scope.enter_context(active.activated())
+        self._active[run_id] = (active, scope)
+
+    def exit(self, run_id: str, report: Report | None, error: BaseException | None) -> None:
+        active, scope = self._active.pop(run_id)
+        scope.close()
+        active.stop_heartbeat()
+        if isinstance(error, FenceLost):
+            return  # another owner holds the run: nothing of ours to write
+        if isinstance(error, (RunParked, RunCancelled, RunReleased)):
+            # A timer node beyond the wait budget parks the run at its stored deadline (``error.waiting`` says
+            # how); a cancellation settles it ``cancelled``; a shutdown releases it.
+            active.conclude(error=error)
+            return
+        if report is not None:
+            status = "failed" if report.failed else "completed"
+            # Settling closes the run's pending clocks in the same transaction (and turns a completion racing a
+            # cancellation request into ``cancelled``).
+            active.settle(
+                status,
+                result={"plan_id": report.plan_id, "digest": report.digest, "outcomes": report.outcomes},
+            )
+        elif isinstance(error, SchedulerError) and error.code != "invalid_plan":
+            active.settle("failed", error=error.to_dict())
+        else:
+            # A refused input (wrong plan/environment for this run) or an interruption: the run stays resumable.
+            self.ownership.release(
+                run_id, cause="refused" if isinstance(error, SchedulerError) else "interrupted"
+            )
+
+
+class Runtime:
+    """Everything one process needs to run plans against one workspace. Use as a context manager."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        artifacts: ArtifactStore,
+        *,
+        owner: OwnerId,
+        liveness: LivenessCheck,
+        metrics: MetricsPort,
+        clock: Clock,
+        plugins: Plugins | None = None,
+    ) -> None:
+        self.settings = settings
+        # Plugins (hooks/, issue 6): the only place they are consulted is this composition root.
+        self.plugins: Plugins = plugins if plugins is not None else get_plugins()
+        self._plugin_hosts: list[Host] = []
+        self.workspace: Path = settings.workspace
+        self.db = db
+        self.artifacts = artifacts
+        self.clock = clock
+        self.metrics = metrics
+        self.journal = Journal(db, clock=clock)
+        self.owner = owner
+        self.runs = RunStore(db, journal=self.journal, clock=clock)
+        self.ownership = Ownership(
+            db, owner=owner, journal=self.journal, liveness=liveness, settings=settings, clock=clock
+        )
+        self.dispatcher = CacheDispatcher(
+            db,
+            artifacts,
+            self.workspace,
+            journal=self.journal,
+            metrics=metrics,
+            clock=clock,
+            host_id=owner.host_id,
+        )
+        self.measurer = self.dispatcher.measurer
+        self.driver = LocalRunDriver(self.runs, self.ownership)
+        self._schedulers: list[PlanScheduler] = []
+
+    def scheduler(
+        self,
+        run_id: str,
+        *,
+        concurrency: Concurrency | Mapping[str, Any] | None = None,
+        environment: Any = ABSENT,
+        host: Host | None = None,
+        rebase_limit: int = 3,
+        reconciler: Reconciler | None = None,
+        source_id: str = "runtime",
+        drive_run: bool = True,
+        gate: Any = None,
+    ) -> PlanScheduler:
+        """A scheduler for ``run_id`` that drives its own run. Without ``host``, a plugin's host provider may
+        select one (the Prefect host when a flow run is active), else the local thread pool; ``reconciler``,
+        ``environment`` and ``concurrency`` left open come from the plugins (``hooks.wiring``).
+
+        ``drive_run=False``: a run driver (``engine.driver.RunDriver``, ``smthrs worker --plan``) already owns the
+        run and settles or parks it after the pass; the scheduler only schedules."""
+        opts = scheduler_options(
+            self.plugins,
+            self.settings,
+            run_id,
+            host=host,
+            reconciler=reconciler,
+            environment=environment,
+            concurrency=concurrency,
+            lifecycle=self.driver,
+        )
+        if opts.host_owned and opts.host is not None:
+            self._plugin_hosts.append(opts.host)
+        sched = PlanScheduler(
+            run_id,
+            self.owner,
+            source_id,
+            opts.environment,
+            opts.concurrency,
+            rebase_limit,
+            db=self.db,
+            dispatcher=self.dispatcher,
+            workspace=self.workspace,
+            host=opts.host,
+            reconciler=opts.reconciler,
+            metrics=self.metrics,
+            artifacts=self.artifacts,
+            journal=self.journal,
+            measurer=self.measurer,
+            clock=self.clock,
+            lifecycle=opts.lifecycle if drive_run else None,
+            # Node approval gates (control plane): a node declaring `approval:` asks before its attempt begins and
+            # parks the run `waiting-approval` until `smthrs approve RUN_ID --request R` decides it.
+            gate=gate if gate is not None else NodeGate(self.db.url, run_id, self.owner),
+        )
+        self._schedulers.append(sched)
+        return sched
+
+    def control(self) -> Control:
+        """The control plane over this runtime's database (plan cards, approvals, receipts; ``control/``), wired
+        here: this process's owner (the one the schedulers claim with, so an admitted run is launched by its
+        admitter), the plugins' approval authority (default: only ``local/operator``) and liveness check."""
+        return Control(
+            self.db,
+            owner=self.owner,
+            authority=self.plugins.approval_authority(self.settings),
+            liveness=self.ownership.liveness,
+            settings=self.settings,
+            journal=self.journal,
+            clock=self.clock,
+        )
+
+    @property
+    def actions(self) -> Mapping[str, Any]:
+        """Plan actions from plugins (``call: <name>`` in plan files)."""
+        return self.plugins.actions()
+
+    def close(self) -> None:
+        """Close the hosts of the schedulers this runtime made; release the measurer's pinned root."""
+        for s in self._schedulers:
+            s.close()
+        self._schedulers.clear()
+        hosts, self._plugin_hosts = self._plugin_hosts, []
+        for h in hosts:
+            h.close()
+        self.measurer.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Runtime(workspace={str(self.workspace)!r}, db={self.db!r}, artifacts={self.artifacts!r})"
+
+
+def open_runtime(
+    workspace: str | Path | None = None,
+    db: str | None = None,
+    artifacts: str | None = None,
+    artifacts_options: Mapping[str, Any] | None = None,
+    host_id: str | None = None,
+    *,
+    liveness: LivenessCheck | None = None,
+    metrics: MetricsPort = NULL_METRICS,
+    clock: Clock = SYSTEM_CLOCK,
+    plugins: Plugins | None = None,
+) -> Runtime:
+    """Open a runtime over ``workspace`` (default ``SMTHRS_WORKSPACE``, else the current directory). ``db`` and
+    ``artifacts`` accept URLs (default: SQLite and local artifacts under ``<workspace>/.smthrs``);
+    ``artifacts_options`` are fsspec storage options; ``liveness`` decides steals (default: the plugins' answer, built-in
+    the lease); ``plugins`` defaults to the process-wide manager (built-ins + installed ``smthrs`` entry points)."""
+    settings = load_settings(
+        workspace=workspace,
+        db_url=db,
+        artifacts_url=artifacts,
+        artifacts_options=dict(artifacts_options) if artifacts_options is not None else None,
+        host_id=host_id,
+    )
+    settings.workspace.mkdir(parents=True, exist_ok=True)
+    database = open_database(settings.resolved_db_url)
+    store = ArtifactStore(settings.resolved_artifacts_url, settings.artifacts_options)
+    plugins = plugins if plugins is not None else get_plugins()
+    return Runtime(
+        settings,
+        database,
+        store,
+        owner=current_owner(settings),
+        liveness=liveness or plugins.liveness(settings),
+        metrics=observed_metrics(metrics, plugins),
+        clock=clock,
+        plugins=plugins,
+    )

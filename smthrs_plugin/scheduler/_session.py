@@ -1,0 +1,538 @@
+"""One pass of one run: node preparation (measure → key → replay/refuse/dispatch) and every durable write.
+
+The coordinator (``_coordinator.py``) decides *when*; this module decides *what* and writes it. It is shared with
+the deliberately naive reference coordinator of the differential tests, which replaces only readiness and
+admission, so both produce byte-identical journals, attempt rows and cache keys for the same decisions.
+
+Invariants
+- Coordinator writes are buffered and committed by :meth:`RunSession.flush` in ONE fenced transaction per
+  scheduling step (an admission pass, a batch of completions, a reconciliation page), in the order they were
+  decided; jobs are submitted only after the transaction that began their attempt rows committed. Batching
+  never splits a settlement from its attempt row: a dispatched node's attempt row, ``attempt-finished`` and
+  final ``node-settled`` commit in the dispatch seam's transaction (``job.py``).
+- Preparation reads source pins (never re-measured) and measures produced reads now; a measurement failure is
+  ``SchedulerError(boundary_unavailable)`` with its cause, raised before an attempt or cache row exists.
+- Sealed nodes are keyed by content (``plan.keys.dispatch_key``); compensable and irreversible nodes by the
+  run-local key. A completed attempt of the same node under the same key in this run replays as ``clean``
+  with no executor call. An irreversible node whose previous attempt did not complete is refused (``failed``),
+  never retried; a compensable one gets its last attempt's pre-image restored first.
+"""
+
+from __future__ import annotations
+
+import json
+import typing as t
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .._metrics import MetricsPort
+from ..boundary import Declaration
+from ..cache.model import DispatchRequest
+from ..canonical import canonical_bytes
+from ..engine.attempts import AttemptRecord, AttemptStore
+from ..engine.fence import OwnerId, assert_owner
+from ..engine.journal import Journal
+from ..errors import ArtifactError, BoundaryError, SchedulerError
+from ..plan import Literal, Pending, Plan, PlanNode, dispatch_key, resolve_refs, run_local_key
+from ..plan.fileset import PathEntry
+from ..stores.artifacts import ArtifactStore
+from ..stores.database import Database
+from .inputs import Pins, ReadPlan, environment_fingerprint
+from .job import NodeJob, SettleSpec, error_line, settled_payload
+from .model import Outcome, Report, Settlement
+from .preimage import PreImage, capture_preimage, restore_preimage
+from .reconcile import Deviation, Reconciler, Verdict, verdict_json
+from .timer import TIMER_DISPATCHER, check_wait_spec, is_timer, run_timer
+
+if t.TYPE_CHECKING:  # pragma: no cover
+    from ..boundary.measure import Measurer
+
+__all__ = ["RunSession", "Prep", "SessionConfig"]
+
+Write = Callable[[Connection], object]
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The collaborators and options of one run (built by ``PlanScheduler``)."""
+
+    run_id: str
+    owner: OwnerId
+    source_id: str
+    db: Database
+    journal: Journal
+    attempts: AttemptStore
+    dispatcher: Any
+    host: Any
+    workspace: Path
+    measurer: Measurer
+    artifacts: ArtifactStore | None
+    environment: Any
+    rebase_limit: int
+    reconciler: Reconciler
+    metrics: MetricsPort
+    concurrency: Any
+    #: The approval gate of nodes declaring ``approval:`` (``PlanScheduler(gate=...)``); None refuses such nodes.
+    gate: Any = None
+
+
+@dataclass
+class Prep:
+    """A prepared node attempt: what to write and what to do."""
+
+    node: PlanNode
+    attempt: int
+    key: str
+    action: t.Literal["dispatch", "replay", "refuse"]
+    inputs: tuple[Any, ...] = ()
+    reads: tuple[tuple[str, str], ...] = ()
+    components: dict[str, Any] = field(default_factory=dict)
+    invalidated: tuple[str, str] | None = None
+    replayed: AttemptRecord | None = None
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    row: int = 0
+
+
+def _ordinal(rec: AttemptRecord) -> int:
+    meta = rec.meta if isinstance(rec.meta, dict) else {}
+    o = meta.get("ordinal")
+    return o if type(o) is int else 0
+
+
+class RunSession:
+    """Scheduling-independent state and durable operations of one pass over ``plan``."""
+
+    def __init__(
+        self,
+        cfg: SessionConfig,
+        plan: Plan,
+        executor: Callable[..., Any],
+        *,
+        pins: Pins,
+        reads: Mapping[str, ReadPlan],
+        declarations: Mapping[str, Declaration],
+        prior: list[AttemptRecord],
+    ) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.executor = executor
+        self.pins = pins
+        self.reads: dict[str, ReadPlan] = dict(reads)
+        self.declarations: dict[str, Declaration] = dict(declarations)
+        self.positions: dict[str, int] = {n.id: n.position for n in plan.nodes}
+        self.env_fingerprint = environment_fingerprint(cfg.environment)
+        self.results: dict[str, Any] = {}
+        self.keys: dict[str, str] = {}
+        self.attempts: dict[str, int] = {}
+        self.rebases: dict[str, int] = {}
+        self.decisions: dict[str, str | None] = {}
+        self.settled: dict[str, Settlement] = {}
+        self.verdicts: list[Verdict] = []
+        self.merges: list[str] = []
+        self.deviations: list[Deviation] = []
+        self.memo: dict[tuple[str, tuple[str, ...]], str] = {}
+        self.open_rows: dict[str, tuple[str, int]] = {}
+        self._pending: list[Write] = []
+        self._metric_outcomes: list[Outcome] = []
+        self.prior_by_node: dict[str, list[AttemptRecord]] = {}
+        for rec in prior:
+            if rec.node_id is not None:
+                self.prior_by_node.setdefault(rec.node_id, []).append(rec)
+        for recs in self.prior_by_node.values():
+            recs.sort(key=lambda r: (_ordinal(r), r.started_at_ms, r.attempt))
+
+    # ------------------------------------------------------------------------------------------ writes
+    def write(self, fn: Write) -> None:
+        """Buffer a coordinator write for the next :meth:`flush`."""
+        self._pending.append(fn)
+
+    def flush(self) -> None:
+        """Commit buffered writes in one fenced transaction, then count the settlements it made durable."""
+        if not self._pending:
+            return
+        writes, self._pending = self._pending, []
+        cfg = self.cfg
+
+        def fn(conn: Connection) -> None:
+            assert_owner(conn, cfg.run_id, cfg.owner)
+            for w in writes:
+                w(conn)
+
+        cfg.db.write(fn)
+        outcomes, self._metric_outcomes = self._metric_outcomes, []
+        for o in outcomes:
+            cfg.metrics.node_settled(o)
+
+    def journal(self, type_: str, payload: dict[str, Any]) -> None:
+        run_id = self.cfg.run_id
+        self.write(lambda conn: self.cfg.journal.append_in(conn, run_id, type_, payload))
+
+    def record(
+        self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None
+    ) -> Settlement:
+        """Remember how ``node_id`` settled; journal ``node-settled`` unless a job already did."""
+        node = self.plan.node(node_id)
+        s = Settlement(
+            node=node_id,
+            outcome=outcome,
+            plan_key=node.key,
+            dispatch_key=self.keys.get(node_id),
+            attempts=self.attempts.get(node_id, 0),
+            rebases=self.rebases.get(node_id, 0),
+            cache_decision=self.decisions.get(node_id),
+            error=error,
+        )
+        self.settled[node_id] = s
+        if journal:
+            self.journal(
+                "node-settled",
+                settled_payload(
+                    self.plan.plan_id, node_id, node.key, s.dispatch_key, outcome, s.attempts, s.rebases
+                ),
+            )
+            self._metric_outcomes.append(outcome)
+        else:
+            self.cfg.metrics.node_settled(outcome)
+        return s
+
+    def set_result(self, node_id: str, value: Any) -> None:
+        """Remember a node's value in its stored (canonical JSON) form, so every consumer — a downstream
+        executor, a key, the report — sees the same value whether it was built now, replayed or served."""
+        self.results[node_id] = json.loads(canonical_bytes(value))
+
+    def record_deviation(self, d: Deviation) -> None:
+        self.deviations.append(d)
+        self.journal("deviation-recorded", {"plan_id": self.plan.plan_id, **d.to_json()})
+
+    def record_verdict(self, v: Verdict) -> None:
+        self.verdicts.append(v)
+        self.journal("node-reconciled", {"plan_id": self.plan.plan_id, "verdict": verdict_json(v)})
+
+    # ---------------------------------------------------------------------------------------- preparation
+    def _read_set(self, node: PlanNode) -> tuple[tuple[str, str], ...]:
+        rp = self.reads[node.id]
+        pairs: dict[str, str] = {}
+        for e in rp.sources:
+            pairs.update(self.pins.files(e))
+        if rp.produced:
+            try:
+                measured = self.cfg.measurer.measure_entries(rp.produced)
+            except BoundaryError as exc:
+                raise SchedulerError(
+                    "boundary_unavailable",
+                    f"the produced inputs of node {node.id!r} cannot be measured: {exc.message}",
+                    cause=exc,
+                    node=node.id,
+                ) from exc
+            for p, st in measured.items():
+                pairs[p] = st.digest if st is not None else "absent"
+        return tuple(sorted(pairs.items()))
+
+    def prepare(self, node_id: str, *, rebase: bool) -> Prep:
+        """Measure, key and decide one attempt of ``node_id`` (counts the attempt). May raise
+        ``SchedulerError(boundary_unavailable | key_uncomputable)``; writes nothing itself."""
+        cfg = self.cfg
+        node = self.plan.node(node_id)
+        draft = node.draft
+        attempt = self.attempts[node_id] = self.attempts.get(node_id, 0) + 1
+        refs = resolve_refs(draft, self.results)
+        reads = self._read_set(node)
+        tier = draft.material.tier
+        # A timer node (``wait:``) is run-scoped whatever its tier: a content key would serve one run's elapsed
+        # timer to every later run of the plan (timer.py).
+        if tier == "sealed" and not is_timer(node):
+            key = dispatch_key(
+                draft, ref_values=refs, read_set=reads, environment=cfg.environment, memo=self.memo
+            )
+        else:
+            key = run_local_key(self.plan.plan_id, node_id, node.key, cfg.run_id)
+        prior = self.prior_by_node.get(node_id, [])
+        previous = self.keys.get(node_id)
+        invalidated: tuple[str, str] | None = None
+        if rebase and previous is not None:
+            invalidated = (previous, "materialization-conflict")
+        elif previous is None and prior and prior[-1].key != key:
+            invalidated = (prior[-1].key, "measured-inputs-changed")
+        self.keys[node_id] = key
+        inputs = tuple(refs[i] for i in sorted(refs))
+        base_ordinal = max((_ordinal(r) for r in prior), default=0)
+        meta: dict[str, Any] = {
+            "plan_id": self.plan.plan_id,
+            "node_id": node_id,
+            "tier": tier,
+            "ordinal": base_ordinal + attempt,
+        }
+        prep = Prep(node, attempt, key, "dispatch", inputs, reads, invalidated=invalidated, meta=meta)
+        if not rebase:
+            done = [r for r in prior if r.key == key and r.state == "completed"]
+            if done:
+                prep.action, prep.replayed = "replay", done[-1]
+                return prep
+        if draft.approval is not None and not rebase:
+            refused = self._gate(node)
+            if refused is not None:
+                prep.action, prep.error = "refuse", refused
+                return prep
+        unfinished = bool(prior) and prior[-1].state != "completed" and not rebase
+        if tier == "irreversible" and unfinished:
+            prep.action = "refuse"
+            prep.error = (
+                f"irreversible node {node_id!r} has an attempt in this run that did not complete "
+                f"({prior[-1].state}); uncertain recovery and retries of irreversible work are refused — "
+                "reconcile its effects by hand, then start a new run"
+            )
+            return prep
+        if tier == "compensable":
+            self._compensate(node, prior[-1] if unfinished else None, meta)
+        prep.components = {
+            "plan_key": node.key,
+            "tier": tier,
+            "inputs": [
+                {"index": i, "from": inp.from_}
+                for i, inp in enumerate(draft.material.inputs)
+                if not isinstance(inp, (Literal, Pending))
+            ],
+            "reads": [list(p) for p in reads],
+            "environment": self.env_fingerprint,
+        }
+        return prep
+
+    def _gate(self, node: PlanNode) -> str | None:
+        """Ask the approval gate BEFORE the node's attempt begins and before any cache lookup (a gated node must not
+        be served or started unapproved): None when approved; the refusal line when denied (the node fails); a
+        pending request raises the gate's ``RunParked`` (a BaseException), which stops the pass with no attempt of
+        this node begun, so a resumed run asks again rather than finding uncertain irreversible work."""
+        gate = self.cfg.gate
+        if gate is None:
+            return (
+                f"node {node.id!r} declares an approval gate and this scheduler has none; run the plan through the "
+                "runtime (open_runtime(...).scheduler) or the control plane (smthrs run --key), which enforce it"
+            )
+        try:
+            gate(node)
+        except Exception as exc:  # a denial (ApprovalDenied) or a refused gate spec: the node's outcome
+            return error_line(exc)
+        return None
+
+    def _compensate(self, node: PlanNode, retry_of: AttemptRecord | None, meta: dict[str, Any]) -> None:
+        cfg = self.cfg
+        if cfg.artifacts is None:
+            raise SchedulerError(
+                "boundary_unavailable",
+                f"compensable node {node.id!r} needs an artifact store to capture its pre-image; pass artifacts=",
+                node=node.id,
+            )
+        try:
+            if retry_of is not None:
+                image_doc = (retry_of.meta or {}).get("preimage") if isinstance(retry_of.meta, dict) else None
+                if image_doc is None:
+                    raise SchedulerError(
+                        "boundary_unavailable",
+                        f"compensable node {node.id!r}: its unfinished attempt recorded no pre-image, so its "
+                        "effects cannot be compensated; reconcile them by hand and start a new run",
+                        node=node.id,
+                    )
+                restored = restore_preimage(
+                    cfg.workspace, cfg.measurer, node.effects, PreImage.from_json(image_doc), cfg.artifacts
+                )
+                meta["restored"] = {"rewritten": list(restored.rewritten), "removed": list(restored.removed)}
+            meta["preimage"] = capture_preimage(
+                cfg.workspace, cfg.measurer, node.effects, cfg.artifacts
+            ).to_json()
+        except (BoundaryError, ArtifactError, OSError) as exc:
+            raise SchedulerError(
+                "boundary_unavailable",
+                f"compensable node {node.id!r}: its pre-image could not be captured or restored ({exc})",
+                cause=exc,
+                node=node.id,
+            ) from exc
+
+    # -------------------------------------------------------------------------------------------- dispatch
+    def begin(self, prep: Prep) -> None:
+        """Buffer the attempt start: ``node-invalidated`` (if the key moved), the attempt row, ``node-scheduled``."""
+        cfg = self.cfg
+        node_id = prep.node.id
+        if prep.invalidated is not None:
+            self.journal(
+                "node-invalidated",
+                {
+                    "plan_id": self.plan.plan_id,
+                    "node_id": node_id,
+                    "from": prep.invalidated[0],
+                    "to": prep.key,
+                    "reason": prep.invalidated[1],
+                },
+            )
+
+        def start(conn: Connection) -> None:
+            started = cfg.attempts.begin(cfg.run_id, cfg.owner, prep.key, node_id=node_id, meta=prep.meta)
+            prep.row = started.attempt
+            self.open_rows[node_id] = (prep.key, started.attempt)
+
+        self.write(start)
+        self.journal(
+            "node-scheduled",
+            {
+                "plan_id": self.plan.plan_id,
+                "node_id": node_id,
+                "dispatch_key": prep.key,
+                "attempt": prep.attempt,
+            },
+        )
+
+    def submit(self, prep: Prep) -> Future[Any]:
+        """Hand a begun attempt to the host (after the transaction that began it committed)."""
+        cfg = self.cfg
+        node = prep.node
+        decl = self.declarations[node.id]
+        tier = node.tier
+        spec = SettleSpec(
+            run_id=cfg.run_id,
+            owner=cfg.owner,
+            plan_id=self.plan.plan_id,
+            node_id=node.id,
+            plan_key=node.key,
+            key=prep.key,
+            attempt=prep.attempt,
+            row=prep.row,
+            rebases=self.rebases.get(node.id, 0),
+            meta=prep.meta,
+        )
+        request = DispatchRequest(
+            run_id=cfg.run_id,
+            node_id=node.id,
+            attempt=prep.attempt,
+            key=prep.key,
+            components=prep.components,
+            tier=tier,
+            declaration=decl,
+            reads=prep.reads,
+            workspace=cfg.workspace,
+            sandbox="hermetic",
+            nondeterministic=bool(node.draft.material.nondeterministic),
+            consult_shared=tier == "sealed",
+            publish_shared=tier == "sealed",
+            owner=cfg.owner,
+            subject=f"{self.plan.plan_id}/{node.id}",
+        )
+        timer = is_timer(node)  # a durable clock, dispatched around the cache (timer.py)
+        job = NodeJob(
+            db=cfg.db,
+            dispatcher=TIMER_DISPATCHER if timer else cfg.dispatcher,
+            executor=run_timer if timer else self.executor,
+            request=request,
+            spec=spec,
+            node=node,
+            inputs=prep.inputs,
+            boundary=decl.mode,
+        )
+        return t.cast("Future[Any]", cfg.host.submit(job))
+
+    def replay_value(self, prep: Prep) -> tuple[Any, tuple[Deviation, ...]]:
+        rec = prep.replayed
+        assert rec is not None
+        meta = rec.meta if isinstance(rec.meta, dict) else {}
+        devs = tuple(
+            Deviation(prep.node.id, str(d["kind"]), tuple(d["paths"])) for d in meta.get("deviations") or ()
+        )
+        self.decisions[prep.node.id] = "VerifiedHit"
+        return rec.result, devs
+
+    # --------------------------------------------------------------------------------------------- cleanup
+    def cleanup(self) -> list[BaseException]:
+        """Mark attempts begun in this pass and never settled ``failed`` (with ``attempt-finished``), in one
+        transaction. Returns the failures (the caller's error stays primary)."""
+        cfg = self.cfg
+        rows = dict(self.open_rows)
+        self._pending = []
+        if not rows:
+            return []
+        open_rows = {k: v for k, v in rows.items()}
+
+        def fn(conn: Connection) -> None:
+            assert_owner(conn, cfg.run_id, cfg.owner)
+            for node_id, (key, row) in sorted(open_rows.items()):
+                state = _row_state(conn, cfg, key, row)
+                if state != "started":
+                    continue  # its job settled it (or a terminal row: never overwritten)
+                cfg.attempts.fail(
+                    cfg.run_id,
+                    cfg.owner,
+                    key,
+                    row,
+                    error={
+                        "type": "interrupted",
+                        "message": "the scheduler stopped before this attempt settled",
+                    },
+                )
+                cfg.journal.append_in(
+                    conn,
+                    cfg.run_id,
+                    "attempt-finished",
+                    {
+                        "plan_id": self.plan.plan_id,
+                        "node_id": node_id,
+                        "dispatch_key": key,
+                        "attempt": row,
+                        "outcome": "failed",
+                    },
+                )
+
+        try:
+            cfg.db.write(fn)
+        except BaseException as exc:  # reported as cleanup_errors; the original error stays primary
+            return [exc]
+        return []
+
+    # ---------------------------------------------------------------------------------------------- report
+    def report(self) -> Report:
+        missing = [n.id for n in self.plan.nodes if n.id not in self.settled]
+        if missing:
+            raise SchedulerError(
+                "store_failed",
+                f"internal: the run ended with unsettled nodes {missing[:10]}",
+                nodes=len(missing),
+            )
+        return Report(
+            plan_id=self.plan.plan_id,
+            digest=self.plan.digest,
+            settlements=tuple(self.settled[n.id] for n in self.plan.nodes),
+            results={
+                n.id: self.results[n.id]
+                for n in self.plan.nodes
+                if self.settled[n.id].outcome in ("built", "clean")
+            },
+            verdicts=tuple(self.verdicts),
+            merges=tuple(self.merges),
+        )
+
+    def error_of(self, error: BaseException | None) -> str | None:
+        return error_line(error)
+
+
+def _row_state(conn: Connection, cfg: SessionConfig, key: str, row: int) -> str | None:
+    import sqlalchemy as sa
+
+    from ..canonical import key_digest
+    from ..stores.schema import attempts
+
+    a = attempts.c
+    return conn.execute(
+        sa.select(a.state).where(a.run_id == cfg.run_id, a.key_digest == key_digest(key), a.attempt == row)
+    ).scalar()
+
+
+def declaration_of(node: PlanNode) -> Declaration:
+    """The boundary declaration of a node (``PlanError`` for one the boundary cannot honour, e.g. a glob removal,
+    or for a malformed ``wait:`` timer spec: refused with the other declarations, before anything is written)."""
+    if is_timer(node):
+        check_wait_spec(node.id, node.draft.wait)  # type: ignore[arg-type]
+    e = node.effects
+    removes: tuple[PathEntry, ...] = e.removes
+    return Declaration(reads=e.reads, writes=e.writes, removes=removes, mode=e.boundary_mode)  # type: ignore[arg-type]

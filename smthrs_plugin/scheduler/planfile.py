@@ -1,0 +1,498 @@
+"""Plan files: the YAML plan format of DESIGN.md §8, and the executor that runs its nodes.
+
+::
+
+    plan: release-1.4              # plan id
+    flow: ci/release
+    approval: required             # kept as declared data (the control plane enforces it)
+    envelope: {capabilities: ["deploy:prod"]}
+    nodes:
+      - id: build
+        run: "python -m build --outdir dist"     # shell command, cwd = the sandbox root
+        reads: ["src/**", "pyproject.toml"]
+        writes: ["dist/"]
+      - id: report
+        call: "mypkg.reports:summarise"          # fn(node_input) -> JSON value; `with:` adds keyword arguments
+        inputs: [{ref: build, path: [stdout]}]   # also {pending: id}, {literal: value}, or a bare id (a Ref)
+        needs: [build]                           # ordering-only dependencies (Pending)
+
+Node fields: ``id``, ``run`` | ``call`` (+ ``with``) | ``wait``, ``reads``, ``writes``, ``removes``, ``needs``,
+``inputs``, ``priority``, ``kind`` (step|agent), ``tier`` (sealed|compensable|irreversible), ``boundary``
+(hard|expected), ``conflict`` (serialize|lane|fail), ``runtime`` (delay-rebase|stop-merge), ``nondeterministic``,
+``layers``, ``capabilities``, ``approval``, ``wait``. Top level: ``plan``, ``flow``, ``nodes``, ``approval``,
+``envelope``, ``maximum_plan_nodes``.
+
+Invariants
+- A malformed file is refused with ``PlanError(invalid_plan_file)`` whose message names the file, the line and
+  the field (from YAML node marks), before anything is compiled or written. Errors compile raises (cycle, unknown
+  dependency, duplicate id, bad path, forbidden overlap) are re-raised the same way, located at the node.
+- The node body is what its key folds: ``{"run": cmd}`` or ``{"call": target, "with": {...}}``. The executor
+  reads the action from the body, not from the node id, so a generated merge node (which copies its loser's
+  body) runs the same action.
+- ``run`` commands execute with the sandbox root as cwd and ``SMTHRS_NODE_ID``, ``SMTHRS_ATTEMPT`` and
+  ``SMTHRS_INPUTS`` (JSON of the projected inputs) in the environment; a non-zero exit fails the node. The value is
+  ``{"exit_code": 0, "stdout": ...}`` (stdout decoded as UTF-8, undecodable bytes replaced). The rest of the
+  process environment is inherited and NOT part of the key: declare what matters in the scheduler environment.
+- ``approval:`` and ``wait:`` are kept as declared data (they enter the key). A node with ``approval:`` is gated
+  by the scheduler before its attempt begins (``PlanScheduler(gate=...)``; the runtime wires the control plane's
+  ``NodeGate``, which parks the run ``waiting-approval`` until the request is decided); a scheduler without a gate
+  fails such a node rather than silently skipping the gate. A ``wait:`` node (``{seconds: N}`` or ``{until: ISO-8601}``, no action) is a durable timer the scheduler
+  runs itself (``timer.py``); its spec is checked here, at load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import PlanError
+from ..plan import Literal, Pending, Plan, Ref, compile_plan, node
+from ..plan.compile import DEFAULT_MAXIMUM_PLAN_NODES
+from .model import NodeInput
+from .timer import check_wait_spec
+
+__all__ = ["load_plan", "read_plan_file", "PlanFile", "PlanFileExecutor", "CommandFailed"]
+
+_TOP = {"plan", "flow", "nodes", "approval", "envelope", "maximum_plan_nodes"}
+_NODE = {
+    "id",
+    "run",
+    "call",
+    "with",
+    "wait",
+    "reads",
+    "writes",
+    "removes",
+    "needs",
+    "inputs",
+    "priority",
+    "kind",
+    "tier",
+    "boundary",
+    "conflict",
+    "runtime",
+    "nondeterministic",
+    "layers",
+    "capabilities",
+    "approval",
+}
+_CHOICES = {
+    "kind": ("step", "agent"),
+    "tier": ("sealed", "compensable", "irreversible"),
+    "boundary": ("hard", "expected"),
+    "conflict": ("serialize", "lane", "fail"),
+    "runtime": ("delay-rebase", "stop-merge"),
+}
+
+
+class CommandFailed(RuntimeError):
+    """A ``run`` command exited non-zero (the node fails; the message carries the tail of its stderr)."""
+
+    def __init__(self, node_id: str, exit_code: int, stderr: str) -> None:
+        tail = stderr.strip().splitlines()[-5:]
+        super().__init__(
+            f"node {node_id!r}: command exited with status {exit_code}"
+            + (": " + " | ".join(tail) if tail else "")
+        )
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class PlanFileExecutor:
+    """Runs plan-file nodes from their bodies (``run`` / ``call``). Stateless and picklable.
+
+    ``actions`` (issue 6, plugins): named plan actions — ``call: <name>`` (no ``:``) runs ``actions[name]`` with the
+    same contract as a ``pkg.module:function`` target; the runtime passes the plugins' actions (``rt.actions``)."""
+
+    actions: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, ni: NodeInput) -> Any:
+        # A node declaring ``approval:`` reaches the executor only once the scheduler's gate approved it (the
+        # gate is asked before the attempt begins: ``PlanScheduler(gate=...)``, wired by the runtime).
+        draft = ni.node.draft
+        body = draft.material.body
+        if not isinstance(body, dict) or not ({"run", "call"} & set(body)):
+            raise PlanError(
+                "invalid_plan",
+                f"node {ni.node.id!r} has no run: or call: action"
+                + (" (a wait: node is the scheduler's timer)" if draft.wait else ""),
+            )
+        if "run" in body:
+            return _run_command(ni, str(body["run"]))
+        return _call(ni, str(body["call"]), body.get("with") or {}, self.actions)
+
+
+def _run_command(ni: NodeInput, cmd: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.update(
+        SMTHRS_NODE_ID=ni.node.id,
+        SMTHRS_ATTEMPT=str(ni.attempt),
+        SMTHRS_INPUTS=json.dumps([None if v is None or not _present(v) else v for v in ni.inputs]),
+    )
+    proc = subprocess.run(cmd, shell=True, cwd=ni.root, env=env, capture_output=True, check=False)
+    stdout = proc.stdout.decode("utf-8", errors="replace")
+    if proc.returncode != 0:
+        raise CommandFailed(ni.node.id, proc.returncode, proc.stderr.decode("utf-8", errors="replace"))
+    return {"exit_code": 0, "stdout": stdout}
+
+
+def _present(v: Any) -> bool:
+    from ..plan import ABSENT
+
+    return v is not ABSENT
+
+
+def _call(ni: NodeInput, target: str, kwargs: Mapping[str, Any], actions: Mapping[str, Any]) -> Any:
+    if ":" not in target:
+        action = actions.get(target)
+        if action is None:
+            raise PlanError(
+                "invalid_plan",
+                f"node {ni.node.id!r}: no plan action named {target!r} (installed: {sorted(actions) or 'none'}); "
+                "install the plugin that provides it (`smthrs plugins` lists them) or use call: 'pkg.module:function'",
+            )
+        return action(ni, **dict(kwargs))
+    module, _, name = target.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise PlanError(
+            "invalid_plan",
+            f"node {ni.node.id!r}: cannot import {target!r} ({exc}); use call: 'pkg.module:function'",
+        ) from exc
+    return fn(ni, **dict(kwargs))
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """A loaded plan file: the compiled plan, its executor, and the declared plan-level data."""
+
+    plan: Plan
+    executor: PlanFileExecutor
+    path: Path
+    approval: Any = None
+    envelope: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+class _Marks:
+    """Line numbers (1-based) of every mapping key and sequence item, by path."""
+
+    def __init__(self, root: yaml.Node) -> None:
+        self.lines: dict[tuple[Any, ...], int] = {}
+        self._walk(root, ())
+
+    def _walk(self, n: yaml.Node, path: tuple[Any, ...]) -> None:
+        self.lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else repr(k.value)
+                self.lines[(*path, key)] = k.start_mark.line + 1
+                self._walk(v, (*path, key))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                self._walk(item, (*path, i))
+
+    def line(self, path: tuple[Any, ...]) -> int:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+
+class _Refuser:
+    def __init__(self, path: Path, marks: _Marks) -> None:
+        self.path = path
+        self.marks = marks
+
+    def __call__(
+        self, where: tuple[Any, ...], field_name: str, why: str, cause: BaseException | None = None
+    ) -> PlanError:
+        line = self.marks.line(where)
+        return PlanError(
+            "invalid_plan_file",
+            f"{self.path}:{line}: field {field_name!r}: {why}",
+            cause=cause,
+            file=str(self.path),
+            line=line,
+            field=field_name,
+        )
+
+
+def read_plan_file(path: str | os.PathLike[str], actions: Mapping[str, Any] | None = None) -> PlanFile:
+    """Parse and compile a plan file (see the module docstring); ``PlanError(invalid_plan_file)`` names the
+    line and field of anything malformed. ``actions``: the named plan actions ``call: <name>`` may use (from
+    plugins, ``rt.actions``); when given, a name that is not among them is refused here, located."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(
+            "invalid_plan_file", f"cannot read plan file {p}: {exc}", cause=exc, file=str(p)
+        ) from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise PlanError(
+            "invalid_plan_file",
+            f"{p}:{line}: not valid YAML: {getattr(exc, 'problem', None) or exc}",
+            cause=exc,
+            file=str(p),
+            line=line,
+        ) from exc
+    if root is None:
+        raise PlanError(
+            "invalid_plan_file", f"{p}:1: the file is empty; declare plan:, flow: and nodes:", file=str(p)
+        )
+    refuse = _Refuser(p, _Marks(root))
+    if not isinstance(data, dict):
+        raise refuse((), "plan", "the top level must be a mapping with plan:, flow: and nodes:")
+    for k in data:
+        if k not in _TOP:
+            raise refuse((k,), str(k), f"unknown top-level field; known: {', '.join(sorted(_TOP))}")
+    plan_id = data.get("plan")
+    if not isinstance(plan_id, str) or not plan_id:
+        raise refuse(("plan",), "plan", "the plan id must be a non-empty string (plan: release-1.4)")
+    flow = data.get("flow", plan_id)
+    if not isinstance(flow, str) or not flow:
+        raise refuse(("flow",), "flow", "flow must be a non-empty string (flow: ci/release)")
+    maximum = data.get("maximum_plan_nodes", DEFAULT_MAXIMUM_PLAN_NODES)
+    if type(maximum) is not int or maximum < 1:
+        raise refuse(("maximum_plan_nodes",), "maximum_plan_nodes", "must be a positive integer")
+    envelope = data.get("envelope", {})
+    if not isinstance(envelope, dict):
+        raise refuse(("envelope",), "envelope", "must be a mapping")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise refuse(("nodes",), "nodes", "must be a non-empty list of nodes (- id: build ...)")
+    drafts = []
+    where_of: dict[str, int] = {}
+    for i, raw in enumerate(nodes):
+        drafts.append(_node(raw, i, refuse))
+        where_of.setdefault(drafts[-1].id, i)
+        target = raw.get("call")
+        if actions is not None and isinstance(target, str) and ":" not in target and target not in actions:
+            raise refuse(
+                ("nodes", i, "call"),
+                "call",
+                f"no plan action named {target!r} (installed: {sorted(actions) or 'none'}); install the plugin "
+                "that provides it (`smthrs plugins` lists them) or use 'pkg.module:function'",
+            )
+    try:
+        plan = compile_plan(plan_id, flow, drafts, maximum_plan_nodes=maximum)
+    except PlanError as exc:
+        raise _locate(exc, nodes, where_of, refuse) from exc
+    return PlanFile(plan, PlanFileExecutor(dict(actions or {})), p, data.get("approval"), envelope)
+
+
+def load_plan(
+    path: str | os.PathLike[str], actions: Mapping[str, Any] | None = None
+) -> tuple[Plan, PlanFileExecutor]:
+    """``(plan, executor)`` of a plan file: run it with ``scheduler.run(plan, executor)``."""
+    pf = read_plan_file(path, actions)
+    return pf.plan, pf.executor
+
+
+def _node(raw: Any, i: int, refuse: _Refuser) -> Any:
+    at = ("nodes", i)
+    if not isinstance(raw, dict):
+        raise refuse(at, "nodes", f"node #{i} must be a mapping (- id: build ...)")
+    for k in raw:
+        if k not in _NODE:
+            raise refuse((*at, k), str(k), f"unknown node field; known: {', '.join(sorted(_NODE))}")
+    node_id = raw.get("id")
+    if not isinstance(node_id, str) or not node_id:
+        raise refuse((*at, "id"), "id", f"node #{i} needs a non-empty string id")
+    actions = [k for k in ("run", "call") if k in raw]
+    if len(actions) > 1:
+        raise refuse((*at, "call"), "call", f"node {node_id!r} declares both run: and call:; choose one")
+    if not actions and "wait" not in raw:
+        raise refuse(
+            at, "run", f"node {node_id!r} needs run: (a shell command) or call: (pkg.module:function)"
+        )
+    body: dict[str, Any] = {}
+    if "run" in raw:
+        if not isinstance(raw["run"], str) or not raw["run"].strip():
+            raise refuse((*at, "run"), "run", "must be a non-empty shell command string")
+        body["run"] = raw["run"]
+    if "call" in raw:
+        target = raw["call"]
+        if (
+            not isinstance(target, str)
+            or not target.strip()
+            or target.startswith(":")
+            or target.endswith(":")
+        ):
+            raise refuse(
+                (*at, "call"),
+                "call",
+                "must be 'pkg.module:function' or the name of a plan action from a plugin",
+            )
+        body["call"] = target
+        if "with" in raw:
+            if not isinstance(raw["with"], dict):
+                raise refuse((*at, "with"), "with", "must be a mapping of keyword arguments")
+            body["with"] = raw["with"]
+    elif "with" in raw:
+        raise refuse((*at, "with"), "with", "is only meaningful with call:")
+    for f in ("reads", "writes", "removes", "needs", "layers"):
+        v = raw.get(f, [])
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise refuse((*at, f), f, "must be a list of strings")
+    for f, choices in _CHOICES.items():
+        if f in raw and raw[f] not in choices:
+            raise refuse((*at, f), f, f"must be one of {', '.join(choices)}, not {raw[f]!r}")
+    if "priority" in raw and type(raw["priority"]) is not int:
+        raise refuse((*at, "priority"), "priority", f"must be an integer, not {raw['priority']!r}")
+    if "nondeterministic" in raw and type(raw["nondeterministic"]) is not bool:
+        raise refuse((*at, "nondeterministic"), "nondeterministic", "must be true or false")
+    for f in ("approval", "wait"):
+        if f in raw and not isinstance(raw[f], dict):
+            raise refuse((*at, f), f, "must be a mapping")
+    if "wait" in raw:
+        if actions:
+            raise refuse(
+                (*at, "wait"),
+                "wait",
+                f"a timer node runs no action: move {actions[0]}: to a node that needs it",
+            )
+        try:
+            check_wait_spec(node_id, raw["wait"])
+        except PlanError as exc:
+            raise refuse((*at, "wait"), "wait", exc.message, exc) from exc
+    inputs: list[Any] = [
+        _input(x, (*at, "inputs", j), refuse) for j, x in enumerate(_list(raw, "inputs", at, refuse))
+    ]
+    needs = raw.get("needs", [])
+    inputs += [Pending(n) for n in ([needs] if isinstance(needs, str) else needs)]
+    kwargs: dict[str, Any] = {
+        "body": body,
+        "inputs": inputs,
+        "reads": _strs(raw.get("reads", [])),
+        "writes": _strs(raw.get("writes", [])),
+        "removes": _strs(raw.get("removes", [])),
+        "layers": _strs(raw.get("layers", [])),
+    }
+    for f, arg in (
+        ("priority", "priority"),
+        ("kind", "kind"),
+        ("tier", "tier"),
+        ("boundary", "boundary"),
+        ("conflict", "conflict"),
+        ("runtime", "runtime"),
+        ("nondeterministic", "nondeterministic"),
+        ("capabilities", "capabilities"),
+        ("approval", "approval"),
+        ("wait", "wait"),
+    ):
+        if f in raw:
+            kwargs[arg] = raw[f]
+    try:
+        return node(node_id, **kwargs)
+    except PlanError as exc:
+        field_name, index = _field_of(exc, raw)
+        where = (*at, field_name) if field_name in raw else at
+        raise refuse(where if index is None else (*where, index), field_name, exc.message, exc) from exc
+
+
+def _strs(v: Any) -> list[str]:
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _list(raw: Mapping[str, Any], f: str, at: tuple[Any, ...], refuse: _Refuser) -> list[Any]:
+    v = raw.get(f, [])
+    if not isinstance(v, list):
+        raise refuse((*at, f), f, "must be a list")
+    return v
+
+
+def _input(x: Any, where: tuple[Any, ...], refuse: _Refuser) -> Any:
+    if isinstance(x, str) and x:
+        return Ref(x)
+    if isinstance(x, dict) and len(x.keys() - {"path"}) == 1:
+        kind = next(iter(x.keys() - {"path"}))
+        if kind == "ref" and isinstance(x["ref"], str):
+            path = x.get("path", [])
+            if isinstance(path, str):
+                path = path.split(".")
+            if not isinstance(path, list) or not all(isinstance(s, str) for s in path):
+                raise refuse((*where, "path"), "inputs", "path must be a list of object keys")
+            return Ref(x["ref"], path=path)
+        if kind == "pending" and isinstance(x["pending"], str) and "path" not in x:
+            return Pending(x["pending"])
+        if kind == "literal" and "path" not in x:
+            return Literal(x["literal"])
+    raise refuse(
+        where,
+        "inputs",
+        f"{x!r} is not an input: use {{ref: id, path: [key]}}, {{pending: id}}, {{literal: v}}",
+    )
+
+
+def _field_of(exc: PlanError, raw: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The node field (and list index) a declaration error is about."""
+    details = exc.details
+    path = details.get("path")
+    if isinstance(path, str):
+        for f in ("reads", "writes", "removes"):
+            items = _strs(raw.get(f, []))
+            if path in items:
+                return f, items.index(path)
+    if "remove" in details:
+        return "removes", None
+    if "write" in details:
+        return "writes", None
+    if "field" in details and isinstance(details["field"], str):
+        head = details["field"].split(".")[0]
+        return {"material": "inputs", "effects": "reads", "conflict_strategy": "conflict"}.get(
+            head, head
+        ), None
+    return ("reads" if exc.code == "invalid_effects" else "id"), None
+
+
+def _locate(exc: PlanError, nodes: list[Any], where_of: Mapping[str, int], refuse: _Refuser) -> PlanError:
+    d = exc.details
+    node_id = d.get("node") or d.get("later")
+    if exc.code == "cycle" and isinstance(d.get("cycle"), list) and d["cycle"]:
+        node_id = d["cycle"][0]
+    if not isinstance(node_id, str) or node_id not in where_of:
+        return refuse(("nodes",), "nodes", exc.message, exc)
+    i = where_of[node_id]
+    if exc.code == "duplicate_node":
+        i = [j for j, n in enumerate(nodes) if isinstance(n, dict) and n.get("id") == node_id][-1]
+        return refuse(("nodes", i, "id"), "id", exc.message, exc)
+    if exc.code in ("unknown_dependency", "cycle"):
+        dep = d.get("dependency") or (
+            d["cycle"][1] if exc.code == "cycle" and len(d.get("cycle", [])) > 1 else None
+        )
+        raw = nodes[i]
+        for f in ("needs", "inputs"):
+            items = raw.get(f, []) if isinstance(raw, dict) else []
+            for j, item in enumerate(items if isinstance(items, list) else [items]):
+                target = (
+                    item
+                    if isinstance(item, str)
+                    else (item.get("ref") or item.get("pending"))
+                    if isinstance(item, dict)
+                    else None
+                )
+                if target == dep:
+                    return refuse(("nodes", i, f, j), f, exc.message, exc)
+        return refuse(("nodes", i), "needs", exc.message, exc)
+    if exc.code in ("invalid_effects", "overlap_forbidden"):
+        return refuse(("nodes", i, "writes"), "writes", exc.message, exc)
+    return refuse(("nodes", i), "id", exc.message, exc)
