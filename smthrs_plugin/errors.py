@@ -30,7 +30,10 @@ __all__ = [
     "ReplayError",
     "CacheError",
     "ControlError",
+    "ApprovalDenied",
     "InvalidInput",
+    "WaitError",
+    "PluginError",
 ]
 
 
@@ -251,8 +254,33 @@ class ControlError(SmthrsError):
     )
 
 
+class ApprovalDenied(ControlError):
+    """A node approval this run asked for was denied: the node fails (an outcome for a plan node, a failed flow for
+    a ``@step`` flow). A denial is final for that request; approve a new request (a new run) to try again."""
+
+    codes = _codes("approval_denied")
+
+
 class InvalidInput(SmthrsError, ValueError):
     """Caller input refused at the identity boundary, before anything was written; ``bound`` names the limit."""
 
     family = "control"
     codes = _codes("invalid_input")
+
+
+class WaitError(SmthrsError):
+    """A durable wait was refused: ``no_run_context`` (``sp.sleep``/``sp.wait_for`` called outside a driven run),
+    ``invalid_wait`` (a malformed deadline, duration, name or flow registration), ``unregistered_flow`` (a run
+    whose flow this process cannot drive)."""
+
+    family = "waits"
+    codes = _codes("no_run_context", "invalid_wait", "unregistered_flow")
+
+
+class PluginError(SmthrsError):
+    """A plugin (entry-point group ``smthrs``) could not be loaded or broke the hook contract."""
+
+    family = "plugin"
+    codes = _codes(
+        "load_failed", "invalid_plugin", "duplicate_plugin", "duplicate_action", "unknown_action", "invalid_default"
+    )

@@ -1,4 +1,6 @@
-"""Control plane: the identity boundary, receipts and plan cards (pure parts; durable parts build on them).
+"""Control plane: the identity boundary, receipts and plan cards (pure parts), and the durable parts built on
+them — approvals (:mod:`.authority`, :mod:`.approvals`), the stores (:mod:`.store`), run admission and launching
+(:mod:`.launch`) and the facade :class:`~.control.Control` (plan, run, approve, deny, cancel, resume, list, show).
 
 Every control mutation first crosses :mod:`.identity` (copy, decode, bound, key, fingerprint), then answers one
 of the :mod:`.receipts`; ``plan`` answers a :class:`~.cards.PlanCard` instead.
@@ -6,6 +8,27 @@ of the :mod:`.receipts`; ``plan`` answers a :class:`~.cards.PlanCard` instead.
 
 from __future__ import annotations
 
+from .approvals import (
+    WAITING_APPROVAL_REASON,
+    Approvals,
+    Approved,
+    Denied,
+    NodeGate,
+    Pending,
+    TokenState,
+    require_approval,
+)
+from .authority import (
+    DEFAULT_AUTHORITY,
+    ApprovalAuthority,
+    AuthorityRequest,
+    Authorized,
+    DelegatedAuthority,
+    Delegation,
+    NodeTarget,
+    PlanTarget,
+    Unauthorized,
+)
 from .cards import (
     DEFAULT_SCOPE,
     GRANT_SCOPES,
@@ -18,6 +41,7 @@ from .cards import (
     check_plan_digest,
     envelope_matches,
 )
+from .control import AdmittedRun, Control, Launch, Launcher
 from .identity import (
     BOUNDS,
     JSON,
@@ -50,6 +74,27 @@ from .receipts import (
 )
 
 __all__ = [
+    "WAITING_APPROVAL_REASON",
+    "Approvals",
+    "Approved",
+    "Denied",
+    "NodeGate",
+    "Pending",
+    "TokenState",
+    "require_approval",
+    "DEFAULT_AUTHORITY",
+    "ApprovalAuthority",
+    "AuthorityRequest",
+    "Authorized",
+    "DelegatedAuthority",
+    "Delegation",
+    "NodeTarget",
+    "PlanTarget",
+    "Unauthorized",
+    "AdmittedRun",
+    "Control",
+    "Launch",
+    "Launcher",
     "BOUNDS",
     "JSON",
     "LOCAL_OPERATOR",

@@ -1,0 +1,329 @@
+"""``smthrs plan | approve | deny | resume | cancel`` — the control plane from the command line (DESIGN.md §8).
+
+::
+
+    smthrs plan PLAN.yaml [--input k=v]...                       # prints the PlanCard (plan id, digest, nodes)
+    smthrs approve PLAN_ID|RUN_ID [--request R] [--digest D] [--scope once|run|remembered] [--as ID/KIND] [--key K]
+    smthrs deny    PLAN_ID|RUN_ID [--request R] [--digest D] [--as ID/KIND] [--key K]
+    smthrs resume RUN_ID --key K [--as ID/KIND] [--steps N] [--agents N] [--prefect]
+    smthrs cancel RUN_ID [--as ID/KIND] [--reason TEXT]
+
+(``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/run.py``.) Invariant: each command opens the runtime named
+by its options, calls ONE method of :class:`~smthrs_plugin.control.control.Control` and prints its answer — a
+rich table and a headline, or ONE JSON object with ``--json`` — and exits with the code of
+:mod:`._control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
+decides and the approval authority (default: only ``local/operator``) judges it.
+
+Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from smthrs_plugin.cli._control_support import (
+    PlanLauncher,
+    answer,
+    fail,
+    parse_inputs,
+    parse_principal,
+)
+from smthrs_plugin.errors import ControlError, SmthrsError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from smthrs_plugin.control.control import Control
+
+__all__ = ["register", "plan_command", "approve_command", "deny_command", "resume_command", "cancel_command"]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+DbOpt = Annotated[str | None, typer.Option("--db", help="Database URL (default: SMTHRS_DB_URL).")]
+WorkspaceOpt = Annotated[
+    Path | None, typer.Option("--workspace", help="Workspace root (default: SMTHRS_WORKSPACE, else cwd).")
+]
+AsOpt = Annotated[
+    str | None, typer.Option("--as", help="The deciding principal ID/KIND (default: local/operator).")
+]
+KeyOpt = Annotated[
+    str | None, typer.Option("--key", help="Idempotency key (default: derived from the target).")
+]
+InputOpt = Annotated[list[str] | None, typer.Option("--input", help="Plan input KEY=VALUE (repeatable).")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the control-plane commands to the root app."""
+    app.command("plan")(plan_command)
+    app.command("approve")(approve_command)
+    app.command("deny")(deny_command)
+    app.command("resume")(resume_command)
+    app.command("cancel")(cancel_command)
+
+
+def plan_command(
+    plan_file: Annotated[
+        Path, typer.Argument(help="The plan file (YAML, DESIGN.md §8).", show_default=False)
+    ],
+    inputs: InputOpt = None,
+    as_: AsOpt = None,
+    workspace: WorkspaceOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan a plan file: store it and print its reviewable card (plan id, digest, node graph, approval state)."""
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            control = rt.control()
+            card = card_of_file(control, rt, plan_file, parse_inputs(inputs), parse_principal(as_))
+            state = control.plan_state(card.plan_id)
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
+    approval = "none" if state is None else state.tag.lower()
+    if as_json:
+        typer.echo(json.dumps({**card.to_json(), "approvalState": approval}, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("node", "kind", "key", "needs", title=f"plan {card.plan_id} ({card.flow_id})")
+    for n in card.nodes:
+        table.add_row(n.id, n.kind, n.key[:21] + "…", ", ".join(n.depends_on) or "-")
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(table)
+    console.print(f"digest {card.digest}")
+    console.print(
+        f"approval: {approval}" + (f"  →  smthrs approve {card.plan_id}" if approval == "pending" else "")
+    )
+
+
+def card_of_file(
+    control: Control, rt: Any, plan_file: Path, inputs: dict[str, str], principal: Any, *, renew: bool = True
+) -> Any:
+    """Read, compile and plan a plan file (``approval: required`` gates the card); ``renew`` as in
+    :meth:`Control.plan` (``smthrs plan`` renews a retired card, ``smthrs run`` does not)."""
+    from smthrs_plugin.scheduler.planfile import read_plan_file
+
+    pf = read_plan_file(plan_file, actions=rt.actions)
+    if pf.approval not in (None, "none", "required"):
+        raise ControlError(
+            "invalid_options",
+            f"{plan_file}: approval: {pf.approval!r} is not understood; write `approval: required` (or leave it out)",
+        )
+    return control.plan(
+        pf.plan,
+        input=inputs,
+        envelope=pf.envelope,
+        approval=pf.approval == "required",
+        principal=principal,
+        renew=renew,
+    )
+
+
+def _target(control: Control, ident: str, request: str | None, digest: str | None) -> Any:
+    """The approval target an operator names: a plan card, or a run's node request (``--request``; without it the
+    run's single pending request)."""
+    from smthrs_plugin.control.authority import NodeTarget, PlanTarget
+    from smthrs_plugin.control.cards import Envelope
+
+    if request is None:
+        try:
+            card = control.card(ident)
+        except ControlError as exc:
+            if exc.code != "plan_not_found":
+                raise
+        else:
+            return PlanTarget(card.plan_id, digest or card.digest, card.envelope)
+        view = control.show(ident) if _run_exists(control, ident) else None
+        if view is None:
+            raise ControlError(
+                "plan_not_found",
+                f"{ident!r} is neither a plan card nor a run; `smthrs plan PLAN.yaml` prints the plan id",
+                plan_id=ident,
+            )
+        if len(view.pending) != 1:
+            names = [r.request_id for r in view.pending]
+            raise ControlError(
+                "plan_not_found" if not names else "invalid_options",
+                f"run {ident!r} has {len(names)} pending approval requests {names}; name one with --request",
+                run_id=ident,
+            )
+        request = view.pending[0].request_id
+    for r in control.show(ident).requests:
+        if r.request_id == request:
+            return NodeTarget(ident, request, digest or r.digest, Envelope.from_json(r.envelope))
+    raise ControlError(
+        "plan_not_found",
+        f"run {ident!r} has not asked for approval {request!r}; see `smthrs show {ident}`",
+        run_id=ident,
+        request_id=request,
+    )
+
+
+def _run_exists(control: Control, run_id: str) -> bool:
+    try:
+        control.show(run_id)
+    except ControlError as exc:
+        if exc.code == "run_not_found":
+            return False
+        raise
+    return True
+
+
+def _decide(
+    action: str,
+    ident: str,
+    request: str | None,
+    digest: str | None,
+    scope: str | None,
+    as_: str | None,
+    key: str | None,
+    workspace: Path | None,
+    db: str | None,
+    as_json: bool,
+) -> None:
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            control = rt.control()
+            principal = parse_principal(as_)
+            target = _target(control, ident, request, digest)
+            if action == "approve":
+                receipt = control.approve(target, scope=scope, idempotency_key=key, principal=principal)
+            else:
+                receipt = control.deny(target, idempotency_key=key, principal=principal)
+            code = answer(control, receipt, as_json=as_json, operation=action)
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
+    raise typer.Exit(code)
+
+
+def approve_command(
+    ident: Annotated[str, typer.Argument(help="A plan id, or a run id with --request.", show_default=False)],
+    request: Annotated[str | None, typer.Option("--request", help="The node request of a run.")] = None,
+    digest: Annotated[
+        str | None, typer.Option("--digest", help="The digest you reviewed (refused if stale).")
+    ] = None,
+    scope: Annotated[
+        str | None, typer.Option("--scope", help="once | run | remembered (default run).")
+    ] = None,
+    as_: AsOpt = None,
+    key: KeyOpt = None,
+    workspace: WorkspaceOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Approve a plan card (its launch) or a run's node request (the run resumes)."""
+    _decide("approve", ident, request, digest, scope, as_, key, workspace, db, as_json)
+
+
+def deny_command(
+    ident: Annotated[str, typer.Argument(help="A plan id, or a run id with --request.", show_default=False)],
+    request: Annotated[str | None, typer.Option("--request", help="The node request of a run.")] = None,
+    digest: Annotated[
+        str | None, typer.Option("--digest", help="The digest you reviewed (refused if stale).")
+    ] = None,
+    as_: AsOpt = None,
+    key: KeyOpt = None,
+    workspace: WorkspaceOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deny a plan card (it never launches) or a node request (the node fails with ApprovalDenied)."""
+    _decide("deny", ident, request, digest, None, as_, key, workspace, db, as_json)
+
+
+def resume_command(
+    run_id: Annotated[str, typer.Argument(help="The run to drive again.", show_default=False)],
+    key: Annotated[str, typer.Option("--key", help="Idempotency key of this resume.")],
+    as_: AsOpt = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Cap on nodes in flight.")] = None,
+    agents: Annotated[int | None, typer.Option("--agents", help="Cap on agent nodes in flight.")] = None,
+    prefect: Annotated[bool, typer.Option("--prefect", help="Drive it inside a Prefect flow run.")] = False,
+    workspace: WorkspaceOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Drive a run again now (after a node approval, or a crash): settled nodes replay clean."""
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            control = rt.control()
+            launcher = PlanLauncher(
+                rt, {"steps": steps, "agents": agents}, prefect=prefect, progress=not as_json
+            )
+            receipt = control.resume(
+                run_id, idempotency_key=key, principal=parse_principal(as_), launcher=launcher
+            )
+            code = answer(control, receipt, as_json=as_json, report=launcher.report, operation="resume")
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
+    raise typer.Exit(code)
+
+
+def cancel_command(
+    run_id: Annotated[
+        str, typer.Argument(help="The run to cancel (and its live descendants).", show_default=False)
+    ],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (journaled).")] = None,
+    as_: AsOpt = None,
+    workspace: WorkspaceOpt = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a run: a parked or pending run settles cancelled now, a running one at its owner's next heartbeat."""
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            control = rt.control()
+            receipt = control.cancel(run_id, principal=parse_principal(as_), reason=reason)
+            code = answer(control, receipt, as_json=as_json, operation="cancel")
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
+    raise typer.Exit(code)
+
+
+def run_with_key(
+    target: Path,
+    key: str,
+    *,
+    inputs: list[str] | None,
+    as_: str | None,
+    concurrency: dict[str, Any],
+    prefect: bool,
+    workspace: Path | None,
+    db: str | None,
+    as_json: bool,
+) -> int:
+    """``smthrs run PLAN.yaml|PLAN_ID --key K``: plan (a file), check the approval, admit under the key, and drive
+    the run in this process; the same command again is the retry (``AlreadyApplied``, reclaiming an orphaned
+    run). Returns the exit code; refusals raise ``typer.Exit`` after printing."""
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            control = rt.control()
+            principal = parse_principal(as_)
+            if target.exists():
+                card = card_of_file(control, rt, target, parse_inputs(inputs), principal, renew=False)
+            elif inputs:
+                raise ControlError(
+                    "invalid_options",
+                    f"--input applies to a plan file; {str(target)!r} is a plan id whose input is already pinned",
+                    option="input",
+                )
+            else:
+                card = control.card(str(target))
+            launcher = PlanLauncher(rt, concurrency, prefect=prefect, progress=not as_json)
+            receipt = control.run(card, idempotency_key=key, principal=principal, launcher=launcher)
+            return answer(
+                control, receipt, as_json=as_json, card=card, report=launcher.report, operation="run"
+            )
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None

@@ -1,0 +1,598 @@
+"""Durable rows of the control plane: cards, approval tokens, decisions, grants, receipts, admitted runs, resumes.
+
+Every ``*_in`` function reads or writes on the caller's connection, so the facade (``control.py``) and the
+approvals (``approvals.py``) compose several of them into ONE transaction (a decision, its grant, its journal
+record, its receipt and its resume delegation commit together or not at all).
+
+Invariants
+- Rows are decoded here and nowhere else. A row that does not decode is corruption: point reads raise
+  ``StoreError(decode_failed)`` naming the row (a control plane that treated an unreadable decision as "no
+  decision" would let a denied request run); nothing is repaired silently.
+- A token is decided at most once: :func:`insert_decision_in` refuses a second decision with
+  ``ControlError(already_resolved)`` (the primary key makes the first writer win under concurrency too).
+- Only ``Accepted`` receipts are stored (``receipts.py``); replays are computed from the stored row.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..canonical import canonical_bytes
+from ..errors import ControlError, SmthrsError, StoreError
+from ..stores.control_tables import (
+    control_decisions,
+    control_grants,
+    control_plans,
+    control_receipts,
+    control_resumes,
+    control_runs,
+    control_tokens,
+)
+from .cards import CardNode, Envelope, PlanCard
+from .identity import JSON, Principal
+from .receipts import Accepted, receipt_from_dict
+
+__all__ = [
+    "CardRow",
+    "TokenRow",
+    "DecisionRow",
+    "GrantRow",
+    "ReceiptRow",
+    "AdmissionRow",
+    "new_id",
+    "canonical_text",
+    "insert_card_in",
+    "card_in",
+    "current_card_in",
+    "insert_token_in",
+    "token_in",
+    "plan_token_in",
+    "node_token_in",
+    "run_tokens_in",
+    "decision_in",
+    "insert_decision_in",
+    "insert_grant_in",
+    "grant_in",
+    "matching_grant_in",
+    "use_grant_in",
+    "receipt_in",
+    "insert_receipt_in",
+    "insert_admission_in",
+    "admission_in",
+    "insert_resume_in",
+]
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id ``<prefix>_<32 hex>`` (minted OUTSIDE a transaction callback, which may be re-run)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def canonical_text(value: Any) -> str:
+    """RFC 8785 JSON text of plain data (what JSON columns hold)."""
+    return canonical_bytes(value).decode("utf-8")
+
+
+_SAFE_INT = 2**53 - 1
+
+
+def _number(text: str) -> int | float:
+    # Canonical JSON writes an integral float such as 2.0**53 as "9007199254740992"; the identity boundary admits
+    # the float but refuses the int, so an integer literal beyond the JSON-safe range is read back as the float it
+    # was (ECMAScript formatting is the shortest round-trip form: the same double, the same canonical bytes).
+    n = int(text)
+    return n if -_SAFE_INT <= n <= _SAFE_INT else float(text)
+
+
+def loads(text: str) -> Any:
+    """Parse a stored JSON column written by :func:`canonical_text`, so it decodes at the identity boundary again."""
+    return json.loads(text, parse_int=_number)
+
+
+def _decode_failed(what: str, key: Any, exc: BaseException) -> StoreError:
+    return StoreError(
+        "decode_failed",
+        f"control {what} {key!r} is stored but does not decode ({exc}); the row is corrupt: restore the database "
+        "from a backup, or plan/approve anew",
+        cause=exc,
+        key=repr(key),
+    )
+
+
+def _principal(pid: Any, kind: Any, what: str, key: Any) -> Principal:
+    try:
+        return Principal(id=pid, kind=kind)
+    except SmthrsError as exc:
+        raise _decode_failed(what, key, exc) from exc
+
+
+# -- cards ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CardRow:
+    """A stored plan card; ``plan_name``/``plan_digest`` locate the compiled plan in the scheduler's plan store."""
+
+    card: PlanCard
+    seq: int
+    plan_name: str
+    plan_digest: str
+    created_at_ms: int
+
+    @property
+    def plan_id(self) -> str:
+        return self.card.plan_id
+
+    @property
+    def gated(self) -> bool:
+        """Whether a plan approval gates the launch (the card's deploy-class flag)."""
+        return self.card.deploy_class
+
+
+_P = control_plans.c
+
+
+def insert_card_in(conn: Connection, card: PlanCard, seq: int, plan_name: str, now_ms: int) -> None:
+    assert card.plan_digest is not None
+    conn.execute(
+        sa.insert(control_plans).values(
+            plan_id=card.plan_id,
+            digest=card.digest,
+            seq=seq,
+            flow_id=card.flow_id,
+            plan_name=plan_name,
+            plan_digest=card.plan_digest,
+            deploy_class=1 if card.deploy_class else 0,
+            card_json=canonical_text(card.to_json()),
+            created_at_ms=now_ms,
+        )
+    )
+
+
+def _card(row: Any) -> CardRow:
+    # Decoded part by part, not through ``PlanCard.from_json``: that decodes the card as ONE input, one level
+    # deeper than its ``input`` member, so an input accepted at the depth (or size) bound would not read back.
+    try:
+        data = loads(row.card_json)
+        card = PlanCard(
+            plan_id=data["planId"],
+            flow_id=data["flowId"],
+            input=data["input"],
+            envelope=Envelope.from_json(data["envelope"]),
+            deploy_class=data["deployClass"],
+            plan_digest=data["persistedPlan"],
+            nodes=tuple(CardNode.from_json(n) for n in data["nodes"]),
+            scope=data["scope"],
+        )
+    except (ValueError, KeyError, TypeError, SmthrsError) as exc:
+        raise _decode_failed("plan card", row.plan_id, exc) from exc
+    if card.plan_id != row.plan_id or card.digest != row.digest or card.digest != data.get("digest"):
+        raise _decode_failed(
+            "plan card", row.plan_id, ValueError("its id or digest differs from its columns")
+        )
+    return CardRow(card, int(row.seq), row.plan_name, row.plan_digest, int(row.created_at_ms))
+
+
+def card_in(conn: Connection, plan_id: str) -> CardRow | None:
+    row = conn.execute(sa.select(control_plans).where(_P.plan_id == plan_id)).first()
+    return None if row is None else _card(row)
+
+
+def current_card_in(conn: Connection, digest: str) -> CardRow | None:
+    """The newest card of a card digest (the one a launch of that content is governed by)."""
+    row = conn.execute(
+        sa.select(control_plans).where(_P.digest == digest).order_by(_P.seq.desc()).limit(1)
+    ).first()
+    return None if row is None else _card(row)
+
+
+# -- tokens and decisions -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One approval request. ``kind`` is ``Plan`` (``plan_id``) or ``Node`` (``run_id``, ``request_id``)."""
+
+    token_id: str
+    kind: str
+    flow_id: str
+    digest: str
+    envelope: Envelope
+    created_at_ms: int
+    plan_id: str | None = None
+    run_id: str | None = None
+    request_id: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What an authority is asked about: the plan id, or ``<run id>/<request id>``."""
+        return self.plan_id if self.kind == "Plan" else f"{self.run_id}/{self.request_id}"  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """The one decision of a token. ``via_grant_id`` is set when an earlier grant decided it at registration."""
+
+    token_id: str
+    decision: str
+    principal: Principal
+    decided_at_ms: int
+    scope: str | None = None
+    grant_id: str | None = None
+    via_grant_id: str | None = None
+
+
+_T = control_tokens.c
+_D = control_decisions.c
+
+
+def insert_token_in(
+    conn: Connection,
+    token_id: str,
+    kind: str,
+    *,
+    flow_id: str,
+    digest: str,
+    envelope: Envelope,
+    now_ms: int,
+    plan_id: str | None = None,
+    run_id: str | None = None,
+    request_id: str | None = None,
+) -> TokenRow:
+    conn.execute(
+        sa.insert(control_tokens).values(
+            token_id=token_id,
+            kind=kind,
+            plan_id=plan_id,
+            run_id=run_id,
+            request_id=request_id,
+            flow_id=flow_id,
+            digest=digest,
+            envelope_json=canonical_text(envelope.to_json()),
+            created_at_ms=now_ms,
+        )
+    )
+    return TokenRow(token_id, kind, flow_id, digest, envelope, now_ms, plan_id, run_id, request_id)
+
+
+def _token(row: Any) -> TokenRow:
+    try:
+        envelope = Envelope.from_json(loads(row.envelope_json))
+    except (ValueError, SmthrsError) as exc:
+        raise _decode_failed("approval token", row.token_id, exc) from exc
+    if row.kind not in ("Plan", "Node"):
+        raise _decode_failed("approval token", row.token_id, ValueError(f"unknown kind {row.kind!r}"))
+    return TokenRow(
+        row.token_id,
+        row.kind,
+        row.flow_id,
+        row.digest,
+        envelope,
+        int(row.created_at_ms),
+        row.plan_id,
+        row.run_id,
+        row.request_id,
+    )
+
+
+def token_in(conn: Connection, token_id: str) -> TokenRow | None:
+    row = conn.execute(sa.select(control_tokens).where(_T.token_id == token_id)).first()
+    return None if row is None else _token(row)
+
+
+def plan_token_in(conn: Connection, plan_id: str) -> TokenRow | None:
+    row = conn.execute(sa.select(control_tokens).where(_T.plan_id == plan_id)).first()
+    return None if row is None else _token(row)
+
+
+def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRow | None:
+    row = conn.execute(
+        sa.select(control_tokens).where(_T.run_id == run_id, _T.request_id == request_id)
+    ).first()
+    return None if row is None else _token(row)
+
+
+def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRow, DecisionRow | None]]:
+    """Every node token of a run with its decision, in registration order."""
+    rows = conn.execute(
+        sa.select(control_tokens).where(_T.run_id == run_id).order_by(_T.created_at_ms, _T.token_id)
+    ).all()
+    out = []
+    for r in rows:
+        token = _token(r)
+        out.append((token, decision_in(conn, token.token_id)))
+    return out
+
+
+def decision_in(conn: Connection, token_id: str) -> DecisionRow | None:
+    row = conn.execute(sa.select(control_decisions).where(_D.token_id == token_id)).first()
+    if row is None:
+        return None
+    if row.decision not in ("approved", "denied"):
+        raise _decode_failed("decision", token_id, ValueError(f"unknown decision {row.decision!r}"))
+    return DecisionRow(
+        row.token_id,
+        row.decision,
+        _principal(row.principal_id, row.principal_kind, "decision", token_id),
+        int(row.decided_at_ms),
+        row.scope,
+        row.grant_id,
+        row.via_grant_id,
+    )
+
+
+def insert_decision_in(conn: Connection, decision: DecisionRow) -> DecisionRow:
+    """Record the one decision of a token; ``already_resolved`` when it already has one."""
+    existing = decision_in(conn, decision.token_id)
+    if existing is not None:
+        raise ControlError(
+            "already_resolved",
+            f"approval token {decision.token_id!r} was already {existing.decision} by {existing.principal}; a "
+            "decision is final — plan again (or ask again in a new run) to review anew",
+            token_id=decision.token_id,
+            decision=existing.decision,
+        )
+    conn.execute(
+        sa.insert(control_decisions).values(
+            token_id=decision.token_id,
+            decision=decision.decision,
+            principal_id=decision.principal.id,
+            principal_kind=decision.principal.kind,
+            scope=decision.scope,
+            grant_id=decision.grant_id,
+            via_grant_id=decision.via_grant_id,
+            decided_at_ms=decision.decided_at_ms,
+        )
+    )
+    return decision
+
+
+# -- grants ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrantRow:
+    """What an approval authorised: ``kind`` (Plan|Node), ``scope`` (once|run|remembered), the pinned digest and
+    envelope, the run it belongs to (node grants) and, for a used ``once`` grant, the run that used it."""
+
+    grant_id: str
+    token_id: str
+    kind: str
+    scope: str
+    flow_id: str
+    digest: str
+    envelope: Envelope
+    principal: Principal
+    created_at_ms: int
+    run_id: str | None = None
+    used_at_ms: int | None = None
+    used_by_run: str | None = None
+
+
+_G = control_grants.c
+
+
+def insert_grant_in(conn: Connection, grant: GrantRow) -> GrantRow:
+    conn.execute(
+        sa.insert(control_grants).values(
+            grant_id=grant.grant_id,
+            token_id=grant.token_id,
+            kind=grant.kind,
+            scope=grant.scope,
+            flow_id=grant.flow_id,
+            digest=grant.digest,
+            envelope_digest=grant.envelope.digest,
+            envelope_json=canonical_text(grant.envelope.to_json()),
+            run_id=grant.run_id,
+            principal_id=grant.principal.id,
+            principal_kind=grant.principal.kind,
+            created_at_ms=grant.created_at_ms,
+            used_at_ms=grant.used_at_ms,
+            used_by_run=grant.used_by_run,
+        )
+    )
+    return grant
+
+
+def _grant(row: Any) -> GrantRow:
+    try:
+        envelope = Envelope.from_json(loads(row.envelope_json))
+    except (ValueError, SmthrsError) as exc:
+        raise _decode_failed("grant", row.grant_id, exc) from exc
+    return GrantRow(
+        row.grant_id,
+        row.token_id,
+        row.kind,
+        row.scope,
+        row.flow_id,
+        row.digest,
+        envelope,
+        _principal(row.principal_id, row.principal_kind, "grant", row.grant_id),
+        int(row.created_at_ms),
+        row.run_id,
+        None if row.used_at_ms is None else int(row.used_at_ms),
+        row.used_by_run,
+    )
+
+
+def grant_in(conn: Connection, grant_id: str) -> GrantRow | None:
+    row = conn.execute(sa.select(control_grants).where(_G.grant_id == grant_id)).first()
+    return None if row is None else _grant(row)
+
+
+def matching_grant_in(
+    conn: Connection,
+    kind: str,
+    *,
+    flow_id: str,
+    digest: str,
+    envelope: Envelope,
+    run_id: str | None,
+) -> GrantRow | None:
+    """An earlier grant that already covers a new request: a ``remembered`` grant of the same flow, digest and
+    envelope, or (with ``run_id``) a ``run`` grant of that run with the same digest and envelope. Envelopes match
+    by canonical bytes (stored digest, then re-checked on the decoded row)."""
+    env_digest = envelope.digest
+    conds = [
+        sa.and_(_G.scope == "remembered", _G.flow_id == flow_id),
+    ]
+    if run_id is not None:
+        conds.append(sa.and_(_G.scope == "run", _G.run_id == run_id))
+    rows = conn.execute(
+        sa.select(control_grants)
+        .where(_G.kind == kind, _G.digest == digest, _G.envelope_digest == env_digest, sa.or_(*conds))
+        .order_by(_G.created_at_ms, _G.grant_id)
+    ).all()
+    for row in rows:
+        grant = _grant(row)
+        if grant.envelope.canonical() == envelope.canonical():
+            return grant
+    return None
+
+
+def use_grant_in(conn: Connection, grant_id: str, run_id: str, now_ms: int) -> bool:
+    """Mark a ``once`` grant used by ``run_id``; False when another run already used it (compare-and-set)."""
+    n = conn.execute(
+        sa.update(control_grants)
+        .where(_G.grant_id == grant_id, _G.used_at_ms.is_(None))
+        .values(used_at_ms=now_ms, used_by_run=run_id)
+    ).rowcount
+    return bool(n)
+
+
+# -- receipts ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceiptRow:
+    durable_key: str
+    operation: str
+    fingerprint: str
+    receipt: Accepted
+    run_id: str | None
+    created_at_ms: int
+
+
+_R = control_receipts.c
+
+
+def receipt_in(conn: Connection, durable_key: str) -> ReceiptRow | None:
+    row = conn.execute(sa.select(control_receipts).where(_R.durable_key == durable_key)).first()
+    if row is None:
+        return None
+    try:
+        receipt = receipt_from_dict(json.loads(row.receipt_json))
+    except (ValueError, SmthrsError) as exc:
+        raise _decode_failed("receipt", durable_key, exc) from exc
+    if not isinstance(receipt, Accepted):
+        raise _decode_failed("receipt", durable_key, ValueError(f"a stored receipt is {receipt.type}"))
+    return ReceiptRow(
+        row.durable_key, row.operation, row.fingerprint, receipt, row.run_id, int(row.created_at_ms)
+    )
+
+
+def insert_receipt_in(
+    conn: Connection, durable_key: str, operation: str, fingerprint: str, receipt: Accepted, now_ms: int
+) -> None:
+    conn.execute(
+        sa.insert(control_receipts).values(
+            durable_key=durable_key,
+            operation=operation,
+            fingerprint=fingerprint,
+            receipt_json=canonical_text(receipt.to_dict()),
+            run_id=receipt.run_id,
+            created_at_ms=now_ms,
+        )
+    )
+
+
+# -- admitted runs and resume delegations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdmissionRow:
+    """The approval facts of an admitted run."""
+
+    run_id: str
+    plan_id: str
+    card_digest: str
+    durable_key: str
+    admitted_by: Principal
+    admitted_at_ms: int
+    token_id: str | None = None
+    grant_id: str | None = None
+
+    def to_json(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {
+            "planId": self.plan_id,
+            "digest": self.card_digest,
+            "admittedBy": dict(self.admitted_by.to_json()),
+            "admittedAt": self.admitted_at_ms,
+        }
+        if self.token_id is not None:
+            out["tokenId"] = self.token_id
+        if self.grant_id is not None:
+            out["grantId"] = self.grant_id
+        return out
+
+
+_A = control_runs.c
+
+
+def insert_admission_in(conn: Connection, a: AdmissionRow) -> None:
+    conn.execute(
+        sa.insert(control_runs).values(
+            run_id=a.run_id,
+            plan_id=a.plan_id,
+            card_digest=a.card_digest,
+            token_id=a.token_id,
+            grant_id=a.grant_id,
+            durable_key=a.durable_key,
+            admitted_by_id=a.admitted_by.id,
+            admitted_by_kind=a.admitted_by.kind,
+            admitted_at_ms=a.admitted_at_ms,
+        )
+    )
+
+
+def admission_in(conn: Connection, run_id: str) -> AdmissionRow | None:
+    row = conn.execute(sa.select(control_runs).where(_A.run_id == run_id)).first()
+    if row is None:
+        return None
+    return AdmissionRow(
+        row.run_id,
+        row.plan_id,
+        row.card_digest,
+        row.durable_key,
+        _principal(row.admitted_by_id, row.admitted_by_kind, "admitted run", run_id),
+        int(row.admitted_at_ms),
+        row.token_id,
+        row.grant_id,
+    )
+
+
+def insert_resume_in(conn: Connection, run_id: str, decision: DecisionRow) -> bool:
+    """Record the resume delegation a node decision makes (first writer wins per (run, token))."""
+    c = control_resumes.c
+    exists = conn.execute(
+        sa.select(c.run_id).where(c.run_id == run_id, c.token_id == decision.token_id)
+    ).first()
+    if exists is not None:
+        return False
+    conn.execute(
+        sa.insert(control_resumes).values(
+            run_id=run_id,
+            token_id=decision.token_id,
+            decision=decision.decision,
+            principal_id=decision.principal.id,
+            principal_kind=decision.principal.kind,
+            created_at_ms=decision.decided_at_ms,
+        )
+    )
+    return True
