@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     stale_after_s: float = 30.0
     skew_allowance_s: float = 10.0
     heartbeat_failure_interrupt_s: float = 19.0
+    #: Durable waits: how long a run may wait in-process before it parks (and the process may exit), and how often
+    #: an in-process waiter re-checks the store when no wake arrives (the wake bus only shortens this poll).
+    wait_budget_s: float = 60.0
+    wait_poll_s: float = 1.0
 
     @field_validator("artifacts_options", mode="before")
     @classmethod
@@ -43,7 +47,14 @@ class Settings(BaseSettings):
             return json.loads(v) if v.strip() else {}
         return v
 
-    @field_validator("heartbeat_interval_s", "stale_after_s", "heartbeat_failure_interrupt_s")
+    @field_validator("wait_budget_s")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+
+    @field_validator("heartbeat_interval_s", "stale_after_s", "heartbeat_failure_interrupt_s", "wait_poll_s")
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:

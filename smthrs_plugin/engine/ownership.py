@@ -38,6 +38,7 @@ from ..errors import FenceLost, StoreError
 from ..settings import Settings, load_settings
 from ..stores.database import Database
 from ..stores.schema import TERMINAL_STATUSES, runs
+from .facts import execution_fact
 from .fence import (
     BUMP_REVISION_CTE,
     CLEAR_CLAIM,
@@ -272,7 +273,13 @@ class Ownership:
             conn,
             row.run_id,
             "stolen-and-activated",
-            {"from": recorded.to_json(), "to": self.owner.to_json(), "evidence": evidence, "lease": lease},
+            {
+                "from": recorded.to_json(),
+                "to": self.owner.to_json(),
+                "evidence": evidence,
+                "lease": lease,
+                "fact": execution_fact(conn, row.run_id),
+            },
         )
         return Activated(row.run_id, self.owner, rev, evidence, recorded, row.cancel_requested_at_ms)
 
@@ -338,6 +345,7 @@ class Ownership:
         payload: dict[str, Any] = {"owner": self.owner.to_json(), "from_status": row.status}
         if row.waiting_reason is not None:
             payload["waiting_reason"] = row.waiting_reason
+        payload["fact"] = execution_fact(conn, run_id)
         self.journal.append_in(conn, run_id, "run-activated", payload)
         return Activated(run_id, self.owner, rev, cancel_requested_at_ms=row.cancel_requested_at_ms)
 
@@ -396,7 +404,10 @@ class Ownership:
             owner=self.owner,
         )
         self.journal.append_in(
-            conn, run_id, "interrupt-released", {"cause": cause, "owner": self.owner.to_json()}
+            conn,
+            run_id,
+            "interrupt-released",
+            {"cause": cause, "owner": self.owner.to_json(), "fact": execution_fact(conn, run_id)},
         )
         return Released(run_id, rev)
 

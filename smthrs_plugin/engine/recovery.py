@@ -41,6 +41,7 @@ from ..errors import StoreError
 from ..stores._migrate import VERSION_TABLE, known_revisions
 from ..stores.database import Database, normalize_url, open_database
 from ..stores.schema import runs
+from .facts import execution_fact
 from .fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT
 from .journal import Journal
 
@@ -291,7 +292,12 @@ def fence(db: Database, *, clock: Clock = SYSTEM_CLOCK, cause: str = "recovery-f
         )
         for row in running:
             owner = {"host_id": row.owner_host, "pid": row.owner_pid, "nonce": row.owner_nonce}
-            journal.append_in(conn, row.run_id, "interrupt-released", {"cause": cause, "owner": owner})
+            journal.append_in(
+                conn,
+                row.run_id,
+                "interrupt-released",
+                {"cause": cause, "owner": owner, "fact": execution_fact(conn, row.run_id)},
+            )
         return Fenced(tuple(row.run_id for row in running), int(claimed), rev)
 
     return db.write(fn)

@@ -16,7 +16,8 @@ Invariants:
 - **Fenced lifecycle.** ``finish`` and ``suspend`` assert the owner inside their transaction. A terminal
   transition whose run had a cancellation requested settles ``cancelled`` instead and answers
   :class:`Cancelled` (the explicit outcome; ``fence.assert_owner(terminal=True)`` is the raising variant for
-  other terminal writers). Every transition journals its fact in the run's partition in the same transaction.
+  other terminal writers). Every transition journals its record in the run's partition in the same transaction,
+  with the run's execution fact (``facts.py``: the observation read back after the change).
 - **Corruption is local.** List reads skip a row that does not decode, with ONE warning naming its key; point
   reads fail with ``decode_failed`` (reporting "no row" for a durably recorded but unreadable run would re-run
   work whose side effects already ran).
@@ -39,6 +40,7 @@ from ..canonical import canonical_bytes, sha256_hex
 from ..errors import CanonicalError, StoreError
 from ..stores.database import Database
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, run_tombstones, runs
+from .facts import execution_fact
 from .fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT, OwnerId, assert_owner, bump_run
 from .journal import Journal
 from .run_dag import ParentExisting, ParentRecorded, RunEdge, cycle_error, edges, record_parent
@@ -227,6 +229,7 @@ class RunStore:
             }
             if parent_run_id is not None:
                 fact["parent_run_id"] = parent_run_id
+            fact["fact"] = execution_fact(conn, run_id)
             self.journal.append_in(conn, run_id, "run-created", fact)
             if parent_run_id is not None:
                 self._record_parent(conn, run_id, parent_run_id)
@@ -338,6 +341,7 @@ class RunStore:
             fact: dict[str, Any] = {"status": values["status"]}
             if values["status"] != status:
                 fact["requested_status"] = status
+            fact["fact"] = execution_fact(conn, run_id)
             self.journal.append_in(conn, run_id, "run-settled", fact)
             if values["status"] != status:
                 assert requested is not None
@@ -386,6 +390,7 @@ class RunStore:
                 fact["wake_at_ms"] = wake_at_ms
             if waiting.token_digest is not None:
                 fact["token_digest"] = waiting.token_digest
+            fact["fact"] = execution_fact(conn, run_id)
             self.journal.append_in(conn, run_id, "run-suspended", fact)
             return Suspended(run_id, waiting, rev)
 

@@ -6,4 +6,7 @@ store sees the whole schema (the migration diff test, ``metadata.create_all`` in
 importing them back (an import circle).
 """
 
+from . import catalog_indexes as _catalog_indexes  # noqa: F401  (registers the run catalog's indexes on runs)
+from . import control_tables as _control_tables  # noqa: F401  (registers its tables on schema.metadata)
 from . import plan_tables as _plan_tables  # noqa: F401  (registers its tables on schema.metadata)
+from . import wait_tables as _wait_tables  # noqa: F401  (registers its tables on schema.metadata)

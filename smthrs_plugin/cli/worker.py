@@ -1,0 +1,269 @@
+"""``smthrs worker`` — a run driver in the foreground: registered flows (and plan files) are driven, parked runs
+are woken at their deadlines, released and stale runs are taken over, cancellations are settled.
+
+::
+
+    smthrs worker --flow nightly=mypkg.flows:nightly [--plan release.yaml] [--budget S] [--max-runs N]
+    smthrs worker --flow nightly=mypkg.flows:nightly --run r1 [--json]
+
+Invariants:
+
+- Without ``--run`` the worker serves until SIGINT/SIGTERM, then shuts down: the runs it drives are RELEASED
+  (``suspended``/``released``, claimable at once by any other worker), never cancelled; exit 0.
+- With ``--run RUN_ID[=FLOW]`` it creates the run if needed (as a run of FLOW, or of the only ``--flow``), drives
+  it once in the foreground and exits with its outcome: 0 completed, 1 failed or cancelled, 75 parked (a timer or
+  an event; or released by SIGINT/SIGTERM: the run's next wait gives it back, a second signal interrupts at once)
+  — the process may exit, any worker continues the run later — and 2 for a refused input (an unknown flow, a run
+  held by another live owner).
+- ``--flow NAME=MODULE:FUNCTION`` registers ``FUNCTION(ctx)``; ``--plan PLAN.yaml`` registers the plan file's flow
+  (its runs are driven by the plan scheduler; settled nodes replay ``clean``, timer nodes keep their deadlines).
+  A malformed spec is refused (exit 2) before anything is written.
+
+Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from smthrs_plugin.errors import SmthrsError, WaitError
+
+__all__ = ["register", "worker", "parse_flow_spec", "outcome_exit_code"]
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_PARKED = 0, 1, 2, 75
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``smthrs worker`` to the root app."""
+    app.command("worker")(worker)
+
+
+def parse_flow_spec(spec: str) -> tuple[str, Any]:
+    """``NAME=MODULE:FUNCTION`` → (name, callable); ``WaitError(invalid_wait)`` otherwise. MODULE is imported
+    with the current directory on ``sys.path`` (as ``python -m`` would), so a flow file next to you just works."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    name, eq, target = spec.partition("=")
+    module, colon, attr = target.partition(":")
+    if not eq or not name or not colon or not module or not attr:
+        raise WaitError(
+            "invalid_wait", f"--flow {spec!r}: write NAME=MODULE:FUNCTION (e.g. nightly=mypkg.flows:nightly)"
+        )
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise WaitError(
+            "invalid_wait", f"--flow {spec!r}: cannot import {target!r} ({exc})", cause=exc
+        ) from exc
+    if not callable(fn):
+        raise WaitError("invalid_wait", f"--flow {spec!r}: {target!r} is not callable")
+    return name, fn
+
+
+def outcome_exit_code(outcome: Any) -> int:
+    """The CLI exit code of a drive outcome (module docstring)."""
+    from smthrs_plugin.engine.active_run import DriveParked, DriveReleased, DriveSettled
+
+    if isinstance(outcome, DriveSettled):
+        return EXIT_OK if outcome.status == "completed" else EXIT_FAILED
+    if isinstance(outcome, (DriveParked, DriveReleased)):
+        return EXIT_PARKED
+    return EXIT_REFUSED
+
+
+def _outcome_json(outcome: Any) -> dict[str, Any]:
+    from smthrs_plugin.engine.active_run import DriveParked
+
+    out: dict[str, Any] = {"run_id": outcome.run_id, "outcome": type(outcome).__name__}
+    if isinstance(outcome, DriveParked):
+        w = outcome.wait
+        out["status"] = "parked"
+        out["wait"] = {"reason": w.reason, **{k: v for k, v in vars(w).items() if v is not None}}
+    for field in ("status", "requested_status", "cause", "reason", "flow"):
+        if hasattr(outcome, field) and field not in out:
+            out[field] = getattr(outcome, field)
+    if hasattr(outcome, "decision"):
+        out["decision"] = type(outcome.decision).__name__
+    return out
+
+
+def _refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
+    if as_json:
+        typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
+    else:
+        typer.echo(f"smthrs: refused: {exc}", err=True)
+    raise typer.Exit(EXIT_REFUSED)
+
+
+def worker(
+    flow: Annotated[
+        list[str] | None, typer.Option("--flow", help="Register NAME=MODULE:FUNCTION (repeatable).")
+    ] = None,
+    plan: Annotated[
+        list[Path] | None, typer.Option("--plan", help="Register a plan file's flow (repeatable).")
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option("--run", help="Drive RUN_ID[=FLOW] once in the foreground and exit (0/1/75)."),
+    ] = None,
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="In-process wait budget in seconds (default SMTHRS_WAIT_BUDGET_S)."),
+    ] = None,
+    max_runs: Annotated[int, typer.Option("--max-runs", help="Runs driven at once.")] = 8,
+    workspace: Annotated[
+        Path | None, typer.Option("--workspace", help="Workspace root (default: SMTHRS_WORKSPACE, else cwd).")
+    ] = None,
+    db: Annotated[str | None, typer.Option("--db", help="Database URL (default: SMTHRS_DB_URL).")] = None,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds to let runs stop at shutdown.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of text.")] = False,
+) -> None:
+    """Drive registered flows until interrupted (or one run with --run)."""
+    from smthrs_plugin.engine.driver import RunDriver
+    from smthrs_plugin.settings import load_settings
+    from smthrs_plugin.stores.database import open_database
+
+    try:
+        settings = load_settings(workspace=workspace, db_url=db)
+        flows = dict(parse_flow_spec(s) for s in (flow or []))
+        runtime = None
+        if plan:
+            from smthrs_plugin.runtime import open_runtime
+
+            runtime = open_runtime(workspace=settings.workspace, db=settings.resolved_db_url)
+            flows.update(_plan_flows(runtime, plan))
+        if not flows:
+            raise WaitError(
+                "invalid_wait", "register at least one flow: --flow NAME=MODULE:FUNCTION or --plan FILE"
+            )
+        database = open_database(settings.resolved_db_url)
+        driver = RunDriver(database, settings=settings, wait_budget_s=budget, max_runs=max_runs)
+        for name, fn in flows.items():
+            driver.register(name, fn)
+        if run is not None:
+            outcome = _drive_one(driver, run, flows)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    except KeyboardInterrupt:
+        # A second signal while driving --run: the driver released the run (resumable by any worker), never cancelled.
+        typer.echo(
+            json.dumps({"run_id": run, "outcome": "interrupted"}) if as_json else "interrupted; run released"
+        )
+        raise typer.Exit(EXIT_PARKED) from None
+    if run is not None:
+        typer.echo(json.dumps(_outcome_json(outcome), sort_keys=True) if as_json else _outcome_line(outcome))
+        raise typer.Exit(outcome_exit_code(outcome))
+    _serve(driver, grace, as_json)
+    if runtime is not None:
+        runtime.close()
+
+
+def _drive_one(driver: Any, spec: str, flows: dict[str, Any]) -> Any:
+    signals = 0
+
+    def _interrupt(signum: int, _frame: Any) -> None:
+        # First SIGINT/SIGTERM: a cooperative shutdown (the run is released at its next wait, exit 75). A second
+        # one: KeyboardInterrupt wherever the flow is (the driver still releases the run on its way out).
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            raise KeyboardInterrupt
+        driver.interrupt()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    run_id, eq, flow_name = spec.partition("=")
+    if not run_id:
+        raise WaitError("invalid_wait", f"--run {spec!r}: write RUN_ID or RUN_ID=FLOW")
+    if not eq:
+        if len(flows) != 1:
+            raise WaitError(
+                "invalid_wait", f"--run {spec!r}: several flows are registered; write RUN_ID=FLOW"
+            )
+        flow_name = next(iter(flows))
+    if flow_name not in flows:
+        raise WaitError(
+            "unregistered_flow", f"--run {spec!r}: flow {flow_name!r} is not registered (--flow/--plan)"
+        )
+    existing = driver.runs.get(run_id)
+    if existing is None:
+        driver.submit(run_id, flow_name)
+    elif existing.flow != flow_name:
+        raise WaitError(
+            "invalid_wait",
+            f"run {run_id!r} is a run of flow {existing.flow!r}, not {flow_name!r}",
+            run_id=run_id,
+        )
+    return driver.drive(run_id)
+
+
+def _outcome_line(outcome: Any) -> str:
+    data = _outcome_json(outcome)
+    rest = " ".join(f"{k}={v}" for k, v in sorted(data.items()) if k not in ("run_id", "outcome"))
+    return f"run {data['run_id']}: {data['outcome']} {rest}".rstrip()
+
+
+def _serve(driver: Any, grace: float, as_json: bool) -> None:
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        driver.start()
+        msg = {"event": "serving", "flows": list(driver.flows), "owner": str(driver.owner)}
+        typer.echo(
+            json.dumps(msg, sort_keys=True)
+            if as_json
+            else f"serving {', '.join(driver.flows)} as {driver.owner}"
+        )
+        while not stop.wait(0.5):
+            pass
+        outcomes = driver.stop(grace_s=grace)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    released = [o.run_id for o in outcomes if type(o).__name__ == "DriveReleased"]
+    msg = {"event": "stopped", "released": released}
+    typer.echo(json.dumps(msg, sort_keys=True) if as_json else f"stopped; released {released or 'nothing'}")
+
+
+def _plan_flows(runtime: Any, files: list[Path]) -> dict[str, Any]:
+    """Flow name → a FlowFn driving that plan file's runs (the driver already owns the run)."""
+    from smthrs_plugin.engine.active_run import FlowCompleted, FlowFailed
+    from smthrs_plugin.engine.context import RunReleased
+    from smthrs_plugin.errors import SchedulerError
+    from smthrs_plugin.scheduler.planfile import read_plan_file
+
+    out: dict[str, Any] = {}
+    for f in files:
+        pf = read_plan_file(f)
+
+        def drive_plan(ctx: Any, pf: Any = pf) -> Any:
+            try:
+                report = runtime.scheduler(ctx.run_id, drive_run=False).run(pf.plan, pf.executor)
+            except SchedulerError as exc:
+                if exc.code != "invalid_plan":
+                    raise
+                # This file is not the plan the run recorded (or it changed): give the run back, resumable by a
+                # worker with the right file, exactly as `smthrs run --run-id` leaves a refused run.
+                raise RunReleased(ctx.run_id, "refused") from exc
+            summary = {"plan_id": report.plan_id, "digest": report.digest, "outcomes": report.outcomes}
+            return FlowFailed(summary) if report.failed else FlowCompleted(summary)
+
+        if pf.plan.flow in out:
+            raise WaitError(
+                "invalid_wait", f"two plan files declare flow {pf.plan.flow!r}; one flow, one plan"
+            )
+        out[pf.plan.flow] = drive_plan
+    return out
