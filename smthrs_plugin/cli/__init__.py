@@ -12,7 +12,13 @@ from __future__ import annotations
 import typer
 
 from . import cache as _cache
+from . import control as _control
+from . import plugins as _plugins
 from . import recover as _recover
+from . import run as _run
+from . import runs as _runs
+from . import watch as _watch
+from . import worker as _worker
 from ._common import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_DENIED", "EXIT_PARKED"]
@@ -31,7 +37,7 @@ def _root() -> None:
     """smthrs — durable execution for Prefect."""
 
 
-for _module in (_recover, _cache):
+for _module in (_recover, _cache, _run, _runs, _watch, _worker, _plugins, _control):
     _module.register(app)
 
 

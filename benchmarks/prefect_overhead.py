@@ -1,0 +1,253 @@
+"""What smthrs costs on top of Prefect, measured side by side in one run (one Prefect server, one process).
+
+Run: ``python benchmarks/prefect_overhead.py [--hits 200] [--s3-hits 60] [--nodes 1000]``. Starts Prefect's
+ephemeral server (in-memory SQLite; or uses ``PREFECT_API_URL``) and moto's S3 server on 127.0.0.1 itself.
+
+- **P1 — a cache hit, local.** The same function, same inputs, called directly in one flow run after one warm-up
+  build: ``@sp.step`` (key = function source + canonical arguments + environment; SQLite local tier; each hit
+  journals a fenced ``step-settled`` record) vs Prefect's own ``cache_policy=INPUTS + TASK_SOURCE`` with
+  ``result_storage=Path(...)``. Goal ≤ 1.1×.
+- **P2 — the same on S3 (moto).** ``@sp.step`` with ``SMTHRS_ARTIFACTS_URL=s3://...`` vs Prefect with
+  ``result_storage=prefect_aws.S3Bucket`` (a saved block on the same moto bucket). Two smthrs figures: the
+  steady state (the entry is indexed locally after the first hit: no S3 round trip) and cold shared hits (a
+  fresh machine: every hit reads the entry from S3, then records it locally). Goal ≤ 0.5×.
+- **P4 — a 1,000-node no-op plan.** The same DAG (node i waits for node (i-1)//2: a binary tree, depth 10) as
+  ``rt.scheduler(...).run(plan)`` on the Prefect host (one task run per node, built; then again, all clean) vs
+  bare ``task.submit(wait_for=...)`` with ``NO_CACHE`` — untagged, and with the one ``plan:<id>`` tag the Prefect
+  host puts on node tasks (any tag costs Prefect a concurrency-slot acquire/release per task run). Also the same
+  plan on the local thread-pool host: the scheduler's and the cache's own share. Goal ≤ 1.15×.
+
+Per-task milliseconds are wall time divided by the number of tasks. Figures vary with load (2 shared cores);
+the ratio is what to read. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+_HOME = tempfile.mkdtemp(prefix="smthrs-bench-prefect-")
+for _k, _v in {
+    "PREFECT_HOME": _HOME,
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "ERROR",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL": "sqlite+aiosqlite:///:memory:",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+import prefect  # noqa: E402
+from prefect import flow  # noqa: E402
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE  # noqa: E402
+
+import smthrs_plugin as sp  # noqa: E402
+from smthrs_plugin.hosts.prefect import quiet_flow_settings  # noqa: E402
+
+
+def double(x: int) -> dict:
+    return {"y": 2 * x}
+
+
+smthrs_double = sp.step(double, name="double")
+
+
+def _per_task(fn: Any, n: int) -> float:
+    @flow(persist_result=False)
+    def timed() -> float:
+        t = time.perf_counter()
+        fn(n)
+        return time.perf_counter() - t
+
+    return float(timed()) * 1000.0 / n
+
+
+def _row(label: str, ours: float, theirs: float, goal: str) -> None:
+    print(
+        f"  {label:<44} smthrs {ours:7.2f} ms/task   prefect {theirs:7.2f} ms/task   ratio {ours / theirs:5.2f}x  (goal {goal})"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ P1/P2
+
+
+def bench_hits(
+    n: int, workspace: Path, artifacts: str | None, options: dict, prefect_task: Any
+) -> tuple[float, float]:
+    """(smthrs ms per hit, prefect ms per hit) for ``n`` direct calls with the same input after a warm-up."""
+    with sp.step_settings(workspace=workspace, artifacts=artifacts, artifacts_options=options):
+        _per_task(lambda k: smthrs_double(21), 1)  # build once
+        ours = _per_task(lambda k: [smthrs_double(21) for _ in range(k)], n)
+    _per_task(lambda k: prefect_task(21), 1)  # persist once
+    theirs = _per_task(lambda k: [prefect_task(21) for _ in range(k)], n)
+    return ours, theirs
+
+
+def bench_cold_shared(n: int, root: Path, artifacts: str, options: dict) -> float:
+    """Machine A builds ``n`` distinct keys; machine B (fresh workspace and database) hits each once."""
+    a, b = root / "cold-a", root / "cold-b"
+    with sp.step_settings(workspace=a, artifacts=artifacts, artifacts_options=options):
+        _per_task(lambda k: [smthrs_double(1000 + i) for i in range(k)], n)
+    with sp.step_settings(workspace=b, artifacts=artifacts, artifacts_options=options):
+        return _per_task(lambda k: [smthrs_double(1000 + i) for i in range(k)], n)
+
+
+# ---------------------------------------------------------------------------------------------------------- P4
+
+
+def noop(ni: sp.NodeInput) -> int:
+    return 0
+
+
+def bare_noop(i: int) -> int:
+    return 0
+
+
+def bench_plan(n: int, workspace: Path) -> dict[str, float]:
+    """ms per node for an ``n``-node binary-tree DAG: smthrs on the Prefect host (built, then clean), smthrs on
+    the local thread-pool host (the scheduler + cache share, without Prefect), and bare Prefect."""
+    nodes = [
+        sp.node(f"n{i}", body={"i": i}, inputs=[sp.Pending(f"n{(i - 1) // 2}")] if i else [])
+        for i in range(n)
+    ]
+    plan = sp.compile_plan("bench-p4", "bench/p4", nodes)
+    out: dict[str, float] = {}
+
+    def run_on(rt: Any, run_id: str, expect: str) -> float:
+        t = time.perf_counter()
+        report = rt.scheduler(run_id).run(plan, noop)
+        elapsed = time.perf_counter() - t
+        assert set(report.outcomes.values()) == {expect}, report.outcomes
+        return elapsed * 1000.0 / n
+
+    @flow(persist_result=False)
+    def smthrs_plan(ws: str, run_id: str, expect: str) -> float:
+        with sp.open_runtime(ws) as rt:
+            return run_on(rt, run_id, expect)  # inside a flow run: the Prefect host, one task run per node
+
+    for expect in ("built", "clean"):
+        out[f"prefect-{expect}"] = float(
+            smthrs_plan(str(workspace / "prefect"), f"p4-{uuid.uuid4().hex[:6]}", expect)
+        )
+        with sp.open_runtime(workspace / "local") as rt:
+            out[f"local-{expect}"] = run_on(rt, f"p4-{uuid.uuid4().hex[:6]}", expect)
+    task = prefect.Task(bare_noop, name="bare", cache_policy=NO_CACHE, persist_result=False)
+
+    @flow(persist_result=False)
+    def bare_plan() -> float:
+        t = time.perf_counter()
+        futs: list[Any] = []
+        for i in range(n):
+            futs.append(task.submit(i, wait_for=[futs[(i - 1) // 2]] if i else None))
+        for f in futs:
+            f.wait()
+        return time.perf_counter() - t
+
+    out["bare"] = float(bare_plan()) * 1000.0 / n
+    task = task.with_options(tags=["plan:bench-p4"])  # the one tag the Prefect host puts on node tasks
+    out["bare-tagged"] = float(bare_plan()) * 1000.0 / n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hits", type=int, default=200)
+    ap.add_argument("--s3-hits", type=int, default=60)
+    ap.add_argument("--nodes", type=int, default=1000)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="smthrs-bench-"))
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        import s3fs
+
+        options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
+        with quiet_flow_settings():
+            _per_task(lambda k: None, 1)  # start Prefect's server before anything is timed
+            print(
+                f"prefect {prefect.__version__}; per-task = wall time / tasks, one flow run per measurement"
+            )
+
+            print("P1  cache hit, local (same function, same input, direct calls)")
+            native = prefect.Task(
+                double,
+                name="native-double",
+                cache_policy=INPUTS + TASK_SOURCE,
+                result_storage=root / "prefect-results",
+                persist_result=True,
+            )
+            ours, theirs = bench_hits(args.hits, root / "p1", None, {}, native)
+            _row("@sp.step hit vs INPUTS+TASK_SOURCE (Path)", ours, theirs, "<= 1.1x")
+
+            print("P2  cache hit on S3 (moto)")
+            from prefect_aws import AwsCredentials, S3Bucket
+
+            block = S3Bucket(
+                bucket_name=bucket,
+                bucket_folder="prefect-results",
+                credentials=AwsCredentials(
+                    aws_access_key_id="testing",
+                    aws_secret_access_key="testing",
+                    region_name="us-east-1",
+                    aws_client_parameters={"endpoint_url": endpoint},
+                ),
+            )
+            block.save("smthrs-bench-s3", overwrite=True)
+            native_s3 = native.with_options(
+                name="native-double-s3", result_storage=S3Bucket.load("smthrs-bench-s3")
+            )
+            artifacts = f"s3://{bucket}/smthrs"
+            ours_s3, theirs_s3 = bench_hits(args.s3_hits, root / "p2", artifacts, options, native_s3)
+            _row("@sp.step hit (steady) vs S3Bucket", ours_s3, theirs_s3, "<= 0.5x")
+            cold = bench_cold_shared(args.s3_hits, root, artifacts, options)
+            _row("@sp.step cold shared-tier hit vs S3Bucket", cold, theirs_s3, "<= 0.5x")
+
+            print(
+                f"P4  {args.nodes}-node no-op plan (binary tree) on the Prefect host vs bare task.submit(wait_for)"
+            )
+            p4 = bench_plan(args.nodes, root / "p4")
+            _row("plan run, every node built", p4["prefect-built"], p4["bare"], "<= 1.15x")
+            _row("plan run, every node clean", p4["prefect-clean"], p4["bare"], "<= 1.15x")
+            _row(
+                "plan run, every node clean vs bare tagged",
+                p4["prefect-clean"],
+                p4["bare-tagged"],
+                "<= 1.15x",
+            )
+            print(
+                f"  (the same plan on the local thread-pool host, no Prefect: built {p4['local-built']:.2f} ms/node, "
+                f"clean {p4['local-clean']:.2f} ms/node — the scheduler's and the cache's own share)"
+            )
+    finally:
+        moto.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""The plugin manager: ``pluggy.PluginManager("smthrs")``, the built-ins, and every installed distribution's
+``smthrs`` entry points — wrapped in :class:`Plugins`, the typed facade the composition root reads.
+
+Invariants
+- Loading is explicit and loud: an entry point that fails to import is ``PluginError(load_failed)`` naming the
+  entry point and its distribution; two entry points with one name are ``duplicate_plugin`` (pluggy's own loader
+  would silently keep the first); an implementation that does not match its spec is ``invalid_plugin``. A broken
+  plugin never degrades into "no plugin".
+- One process-wide manager (:func:`get_plugins`), loaded on first use (entry-point discovery costs ~20 ms, so
+  ``smthrs --help`` never pays it). Tests build private ones with :func:`new_plugins`.
+- Answers are validated where they enter: a host provider without ``select``, an action that is not callable, a
+  runtime default outside :data:`~.specs.RUNTIME_DEFAULT_KEYS`, are typed errors naming the plugin.
+- Observers are fanned out by :meth:`Plugins.notify_*`; an observer that raises is logged with its traceback and
+  the others still run (telemetry must not break the work it observes).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from ..engine.liveness import LivenessCheck
+from ..errors import PluginError
+from ..scheduler.host import Host
+from ..scheduler.model import Report, Settlement
+from ..scheduler.reconcile import Reconciler
+from ..settings import Settings
+from .defaults import BUILTIN_NAME, BuiltinPlugin
+from .specs import (
+    ENTRY_POINT_GROUP,
+    PROJECT,
+    RUNTIME_DEFAULT_KEYS,
+    HostProvider,
+    HostRequest,
+    PlanAction,
+    SmthrsSpecs,
+)
+
+__all__ = ["Plugins", "PluginInfo", "get_plugins", "new_plugins", "reset_plugins"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered plugin: its name, where it came from (``builtin`` | ``entry-point`` | ``registered``), its
+    distribution (name, version) when it came from one, and the hooks it implements."""
+
+    name: str
+    source: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+    value: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "distribution": self.distribution,
+            "version": self.version,
+            "hooks": list(self.hooks),
+            "value": self.value,
+        }
+
+
+class Plugins:
+    """The typed view of a plugin manager (see the module docstring)."""
+
+    def __init__(self, pm: pluggy.PluginManager, infos: Iterable[PluginInfo] = ()) -> None:
+        self.pm = pm
+        self._infos: dict[str, PluginInfo] = {i.name: i for i in infos}
+        self._actions: dict[str, PlanAction] | None = None
+
+    # -- registration ----------------------------------------------------------------------------------------
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register ``plugin`` (a module or an object with ``@hookimpl`` methods) by hand; returns its name."""
+        name = name or _default_name(plugin)
+        _register(self.pm, plugin, name)
+        self._infos[name] = _info(self.pm, plugin, name, "registered", None, None)
+        self._actions = None
+        return name
+
+    def describe(self) -> list[PluginInfo]:
+        """Every registered plugin in registration order (what ``smthrs plugins`` prints)."""
+        out = []
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            info = self._infos.get(name) or _info(self.pm, plugin, name, "registered", None, None)
+            out.append(info)
+        return out
+
+    # -- implementations -------------------------------------------------------------------------------------
+
+    def host_providers(self, settings: Settings) -> list[HostProvider]:
+        """Providers in priority order (highest first)."""
+        out: list[HostProvider] = []
+        for impl in _impls(self.pm, "smthrs_hosts"):
+            answer = impl.function(settings=settings)
+            items = [] if answer is None else answer if isinstance(answer, (list, tuple)) else [answer]
+            for p in items:
+                if not callable(getattr(p, "select", None)) or not isinstance(getattr(p, "name", None), str):
+                    raise PluginError(
+                        "invalid_plugin",
+                        f"plugin {impl.plugin_name!r}: smthrs_hosts returned {p!r}, which is not a host provider "
+                        "(it needs a `name: str` and `select(request) -> Host | None`)",
+                        plugin=impl.plugin_name,
+                    )
+                out.append(p)
+        return out
+
+    def select_host(self, request: HostRequest) -> tuple[str, Host] | None:
+        """``(provider name, host)`` of the first provider that selects, or None (keep the local default)."""
+        for p in self.host_providers(request.settings):
+            host = p.select(request)
+            if host is not None:
+                if not callable(getattr(host, "submit", None)) or not callable(getattr(host, "close", None)):
+                    raise PluginError(
+                        "invalid_plugin",
+                        f"host provider {p.name!r} selected {host!r}, which has no submit(job)/close()",
+                        provider=p.name,
+                    )
+                return p.name, host
+        return None
+
+    def reconciler(self, settings: Settings) -> Reconciler:
+        return self._first("smthrs_reconciler", "judge", settings)  # type: ignore[no-any-return]
+
+    def liveness(self, settings: Settings) -> LivenessCheck:
+        return self._first("smthrs_liveness_check", "check", settings)  # type: ignore[no-any-return]
+
+    def approval_authority(self, settings: Settings) -> Any:
+        return self._first("smthrs_approval_authority", "authorize", settings)
+
+    def _first(self, hook: str, method: str, settings: Settings) -> Any:
+        for impl in _impls(self.pm, hook):
+            answer = impl.function(settings=settings)
+            if answer is None:
+                continue
+            if not callable(getattr(answer, method, None)):
+                raise PluginError(
+                    "invalid_plugin",
+                    f"plugin {impl.plugin_name!r}: {hook} returned {answer!r}, which has no {method}() method",
+                    plugin=impl.plugin_name,
+                )
+            return answer
+        raise PluginError(
+            "invalid_plugin", f"no plugin answered {hook}; the built-in plugin {BUILTIN_NAME!r} is missing"
+        )
+
+    def actions(self) -> Mapping[str, PlanAction]:
+        """Every plan action by name (merged across plugins; computed once per manager)."""
+        if self._actions is not None:
+            return self._actions
+        merged: dict[str, PlanAction] = {}
+        owner: dict[str, str] = {}
+        for impl in _impls(self.pm, "smthrs_plan_actions"):
+            answer = impl.function()
+            if answer is None:
+                continue
+            if not isinstance(answer, Mapping):
+                raise PluginError(
+                    "invalid_plugin",
+                    f"plugin {impl.plugin_name!r}: smthrs_plan_actions must return a mapping name -> callable, "
+                    f"got {type(answer).__name__}",
+                    plugin=impl.plugin_name,
+                )
+            for name, fn in answer.items():
+                if not isinstance(name, str) or not name or ":" in name or not callable(fn):
+                    raise PluginError(
+                        "invalid_plugin",
+                        f"plugin {impl.plugin_name!r}: action {name!r} must be a non-empty name without ':' mapped "
+                        "to a callable",
+                        plugin=impl.plugin_name,
+                    )
+                if name in merged:
+                    raise PluginError(
+                        "duplicate_action",
+                        f"plan action {name!r} is provided by both {owner[name]!r} and {impl.plugin_name!r}; "
+                        "uninstall one of them or ask its author to rename the action",
+                        action=name,
+                    )
+                merged[name] = fn
+                owner[name] = impl.plugin_name
+        self._actions = merged
+        return merged
+
+    def runtime_defaults(self, settings: Settings) -> dict[str, Any]:
+        """Merged runtime defaults; a higher-priority plugin's key wins."""
+        out: dict[str, Any] = {}
+        for impl in reversed(_impls(self.pm, "smthrs_runtime_defaults")):
+            answer = impl.function(settings=settings)
+            if answer is None:
+                continue
+            if not isinstance(answer, Mapping):
+                raise PluginError(
+                    "invalid_default",
+                    f"plugin {impl.plugin_name!r}: smthrs_runtime_defaults must return a mapping",
+                    plugin=impl.plugin_name,
+                )
+            unknown = set(answer) - RUNTIME_DEFAULT_KEYS
+            if unknown:
+                raise PluginError(
+                    "invalid_default",
+                    f"plugin {impl.plugin_name!r}: unknown runtime defaults {sorted(unknown)}; known: "
+                    f"{sorted(RUNTIME_DEFAULT_KEYS)}",
+                    plugin=impl.plugin_name,
+                )
+            out.update(answer)
+        return out
+
+    # -- observers -------------------------------------------------------------------------------------------
+
+    def has_observers(self, hook: str) -> bool:
+        return bool(_impls(self.pm, hook))
+
+    def notify_node_settled(self, run_id: str, plan_id: str | None, settlement: Settlement) -> None:
+        self._notify("smthrs_node_settled", run_id=run_id, plan_id=plan_id, settlement=settlement)
+
+    def notify_cache_decision(self, decision: str) -> None:
+        self._notify("smthrs_cache_decision", decision=decision)
+
+    def notify_run_settled(self, run_id: str, report: Report) -> None:
+        self._notify("smthrs_run_settled", run_id=run_id, report=report)
+
+    def _notify(self, hook: str, **kwargs: Any) -> None:
+        for impl in _impls(self.pm, hook):
+            try:
+                impl.function(**kwargs)
+            except Exception:
+                log.exception(
+                    "plugin %r failed in %s; the work it observed is unaffected", impl.plugin_name, hook
+                )
+
+    def __repr__(self) -> str:
+        return f"Plugins({[n for n, _ in self.pm.list_name_plugin()]})"
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def _impls(pm: pluggy.PluginManager, hook: str) -> list[Any]:
+    """Implementations of ``hook`` in call order (tryfirst, then most recently registered, trylast last)."""
+    return list(reversed(getattr(pm.hook, hook).get_hookimpls()))
+
+
+def _default_name(plugin: object) -> str:
+    return getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{id(plugin):x}"
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
+    if pm.has_plugin(name):
+        raise PluginError(
+            "duplicate_plugin",
+            f"a plugin named {name!r} is already registered; entry-point names must be unique across distributions",
+            plugin=name,
+        )
+    try:
+        pm.register(plugin, name=name)
+        pm.check_pending()
+    except (pluggy.PluginValidationError, ValueError) as exc:
+        if pm.is_registered(plugin):
+            pm.unregister(plugin)
+        raise PluginError(
+            "invalid_plugin",
+            f"plugin {name!r} does not match the smthrs hook specs: {exc}",
+            cause=exc,
+            plugin=name,
+        ) from exc
+
+
+def _info(
+    pm: pluggy.PluginManager, plugin: object, name: str, source: str, dist: str | None, version: str | None
+) -> PluginInfo:
+    hooks = tuple(sorted(h.name for h in (pm.get_hookcallers(plugin) or ())))
+    value = getattr(plugin, "__name__", None) or type(plugin).__qualname__
+    return PluginInfo(name, source, dist, version, hooks, str(value))
+
+
+def _entry_points() -> list[tuple[importlib.metadata.EntryPoint, str | None, str | None]]:
+    seen: dict[tuple[str, str], tuple[importlib.metadata.EntryPoint, str | None, str | None]] = {}
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != ENTRY_POINT_GROUP:
+                continue
+            dist_name = dist.metadata["Name"]
+            # The same distribution can be visible twice on sys.path (an editable install and a build dir):
+            # one entry per (name, value), a genuine name clash is refused at registration.
+            seen.setdefault((ep.name, ep.value), (ep, dist_name, dist.version))
+    return sorted(seen.values(), key=lambda t: (t[0].name, t[0].value))
+
+
+def new_plugins(
+    *, entry_points: bool = True, extra: Iterable[object] = (), block: Iterable[str] = ()
+) -> Plugins:
+    """A fresh manager: the built-ins, then (``entry_points``) every installed ``smthrs`` entry point except the
+    names in ``block``, then ``extra`` plugins registered by hand."""
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(SmthrsSpecs)
+    builtin = BuiltinPlugin()
+    pm.register(builtin, name=BUILTIN_NAME)
+    infos = [_info(pm, builtin, BUILTIN_NAME, "builtin", None, None)]
+    blocked = set(block)
+    if entry_points:
+        for ep, dist, version in _entry_points():
+            if ep.name in blocked:
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    "load_failed",
+                    f"the smthrs plugin {ep.name!r} ({ep.value}) from distribution {dist!r} failed to load: "
+                    f"{type(exc).__name__}: {exc}. Fix or uninstall that distribution",
+                    cause=exc,
+                    plugin=ep.name,
+                    distribution=dist,
+                ) from exc
+            _register(pm, plugin, ep.name)
+            infos.append(_info(pm, plugin, ep.name, "entry-point", dist, version))
+    plugins = Plugins(pm, infos)
+    for p in extra:
+        plugins.register(p)
+    return plugins
+
+
+_GLOBAL: Plugins | None = None
+_GLOBAL_LOCK = threading.Lock()
+
+
+def get_plugins() -> Plugins:
+    """The process-wide plugins (built-ins + installed entry points), loaded on first use."""
+    global _GLOBAL
+    with _GLOBAL_LOCK:
+        if _GLOBAL is None:
+            _GLOBAL = new_plugins()
+        return _GLOBAL
+
+
+def reset_plugins() -> None:
+    """Forget the process-wide manager (the next :func:`get_plugins` rediscovers entry points)."""
+    global _GLOBAL
+    with _GLOBAL_LOCK:
+        _GLOBAL = None

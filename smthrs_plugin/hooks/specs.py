@@ -1,0 +1,154 @@
+"""Every hook a plugin may implement, in one place (pluggy project ``"smthrs"``, entry-point group ``smthrs``).
+
+Pluggability is dependency injection at the owning seam (DESIGN.md §2): core classes take a host, a reconciler, a
+liveness check or an approval authority in their constructors, and only the composition root
+(``runtime.open_runtime``) asks the plugin manager which implementations to pass. Core code never calls a hook.
+
+Invariants
+- Specs import only *types* from the floors below (scheduler, engine, settings): a plugin never reaches into a
+  store through this module.
+- "Which implementation" hooks are ``firstresult``: the highest-priority plugin that answers (not ``None``) wins;
+  the built-ins (:mod:`.defaults`) answer last (``trylast``), so any installed plugin overrides them.
+- "Tell me about it" hooks (observers) fan out to every plugin. They run after the fact, on the thread that
+  settled the work, and can never change an outcome: a raising observer is logged with its traceback.
+- Collections (host providers, plan actions, runtime defaults) are merged across plugins; a name two plugins
+  both claim is a typed ``PluginError`` naming both, never a silent override.
+
+Prior art: pytest's and tox's pluggy hookspecs; Bazel's ``--spawn_strategy`` (executor chosen at the composition
+root, not by the actions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import pluggy
+
+from ..control import authority as _control_authority
+from ..engine.liveness import LivenessCheck
+from ..scheduler.host import Host
+from ..scheduler.model import Report, Settlement
+from ..scheduler.reconcile import Reconciler
+from ..settings import Settings
+
+__all__ = [
+    "PROJECT",
+    "ENTRY_POINT_GROUP",
+    "hookspec",
+    "hookimpl",
+    "HostRequest",
+    "HostProvider",
+    "Principal",
+    "Authorized",
+    "Unauthorized",
+    "AuthorityVerdict",
+    "ApprovalAuthority",
+    "PlanAction",
+    "RUNTIME_DEFAULT_KEYS",
+    "SmthrsSpecs",
+]
+
+PROJECT = "smthrs"
+#: Installed distributions announce plugins under this entry-point group (``[project.entry-points.smthrs]``).
+ENTRY_POINT_GROUP = "smthrs"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: ``action(node_input, **with_kwargs) -> JSON value`` — what a plan file's ``call: <name>`` runs. Same contract
+#: as a ``call: pkg.module:function`` target (``scheduler.planfile``): it runs in the node's sandbox
+#: (``node_input.root``) and its value must be plain JSON.
+PlanAction = Callable[..., Any]
+
+#: Keys a ``smthrs_runtime_defaults`` answer may set (anything else is ``PluginError(invalid_default)``):
+#: ``environment`` — plain JSON folded into every sealed dispatch key of schedulers opened without one;
+#: ``concurrency`` — ``{"steps": n, "agents": m}`` for schedulers opened without caps.
+RUNTIME_DEFAULT_KEYS = frozenset({"environment", "concurrency"})
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """What a host provider is told when the runtime needs a host for ``run_id``."""
+
+    run_id: str
+    workspace: Path
+    settings: Settings
+
+
+@runtime_checkable
+class HostProvider(Protocol):
+    """Offers a host for a run. ``select`` answers a host when its conditions hold (the Prefect provider: a flow
+    run is active in this thread), else ``None`` and the next provider is asked; with no answer the scheduler
+    keeps its default local thread pool. ``name`` is what ``smthrs plugins`` lists."""
+
+    name: str
+
+    def select(self, request: HostRequest) -> Host | None: ...
+
+
+# The approval authority's types belong to the seam that consumes it (control/authority.py, DESIGN.md §2: DI at
+# the owning seam): a plugin's authority receives the control plane's Principal, so ``principal ==
+# Principal("local", "operator")`` holds for the local operator, and answers these verdicts.
+Principal = _control_authority.Principal
+Authorized = _control_authority.Authorized
+Unauthorized = _control_authority.Unauthorized
+AuthorityVerdict = _control_authority.AuthorityVerdict
+
+
+@runtime_checkable
+class ApprovalAuthority(Protocol):
+    """Decides who may approve or deny (seeds/001 "Who may decide"). ``action`` is ``"approve"`` or ``"deny"``;
+    ``target`` is a plan id or ``"<run id>/<request>"`` for a node gate. The control plane calls it before it
+    resolves a token, and again inside the resolving transaction."""
+
+    def authorize(self, principal: Principal, action: str, target: str) -> AuthorityVerdict: ...
+
+
+class SmthrsSpecs:
+    """The hook specifications. Implement any subset in a module or class, mark each with ``@hookimpl`` and
+    announce it under the ``smthrs`` entry-point group of your distribution."""
+
+    # -- implementations (which object the runtime wires in) ---------------------------------------------------
+
+    @hookspec
+    def smthrs_hosts(self, settings: Settings) -> HostProvider | Sequence[HostProvider] | None:
+        """Host providers this plugin offers (asked in plugin priority order; the first that selects wins)."""
+
+    @hookspec(firstresult=True)
+    def smthrs_reconciler(self, settings: Settings) -> Reconciler | None:
+        """The reconciler judging deviations and unabsorbed conflicts (built-in: ``DefaultReconciler``)."""
+
+    @hookspec(firstresult=True)
+    def smthrs_liveness_check(self, settings: Settings) -> LivenessCheck | None:
+        """The owner liveness check used before a steal (built-in: ``LeaseLiveness``)."""
+
+    @hookspec(firstresult=True)
+    def smthrs_approval_authority(self, settings: Settings) -> ApprovalAuthority | None:
+        """Who may approve or deny (built-in: only principal ``local/operator``)."""
+
+    @hookspec
+    def smthrs_plan_actions(self) -> Mapping[str, PlanAction] | None:
+        """Named plan actions, runnable from plan files as ``call: <name>`` (with ``with:`` keyword arguments)."""
+
+    @hookspec
+    def smthrs_runtime_defaults(self, settings: Settings) -> Mapping[str, Any] | None:
+        """Defaults for schedulers opened without explicit values (keys: :data:`RUNTIME_DEFAULT_KEYS`)."""
+
+    # -- observers (told after the fact; never change an outcome) ----------------------------------------------
+
+    @hookspec
+    def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Settlement) -> None:
+        """A node settled (plan runs: once per node in plan order when the pass ends; ``@step`` calls: as each
+        dispatch settles, with ``plan_id=None``)."""
+
+    @hookspec
+    def smthrs_cache_decision(self, decision: str) -> None:
+        """The one cache decision of a dispatch counted in this process (``VerifiedHit``, ``Miss`` ...)."""
+
+    @hookspec
+    def smthrs_run_settled(self, run_id: str, report: Report) -> None:
+        """A plan pass ended with ``report`` (called on the thread that ran it; the Prefect plugin attaches the
+        report to the active flow run as a markdown artifact)."""

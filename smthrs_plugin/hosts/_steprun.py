@@ -1,0 +1,311 @@
+"""Which smthrs run a ``@step`` call belongs to, and how a step finds its runtime in any process.
+
+Invariants
+- **One smthrs run per Prefect flow run**: ``prefect-<flow run id>``, created, claimed and heartbeated by the
+  flow's own process on the first step call of that flow run, and settled (``completed`` / ``failed``) by a
+  state hook appended to the flow when the flow run ends. A process that exits first releases it (atexit), so
+  nothing waits for the 30 s lease. If that id is already settled or held (a flow run resumed elsewhere), the
+  run gets a fresh suffix and the fact is logged: steps are content-addressed, the run is only their journal.
+- **The owner token travels with the call** (:class:`StepContext`), so a step body in a process-pool or Dask
+  worker writes under the flow process's fence and never reads an owner out of the database.
+- Outside any flow run (a step called as a plain function, or from a detached context with no token) each call
+  is its own short run (``step-<uuid>``): created, claimed, heartbeated while it runs and settled at once.
+- Runtimes are opened from plain data (:class:`RuntimeSpec`) once per process and reused (warm stat cache).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..engine.fence import OwnerId
+from ..engine.heartbeat import Heartbeater
+from ..engine.ownership import Activated
+from ..errors import FenceLost
+from ..runtime import Runtime, open_runtime
+from ..settings import load_settings
+from ._stepjournal import flush_hits
+
+__all__ = [
+    "RuntimeSpec",
+    "StepContext",
+    "step_settings",
+    "current_spec",
+    "context_for_call",
+    "standalone_run",
+    "open_runtimes",
+]
+
+log = logging.getLogger(__name__)
+
+_OVERRIDES: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "smthrs_step_settings", default=None
+)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """How to open the runtime a step uses, as plain data (it crosses process boundaries)."""
+
+    workspace: str
+    db_url: str
+    artifacts_url: str
+    artifacts_options_json: str
+    host_id: str
+
+    @property
+    def artifacts_options(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.artifacts_options_json)
+        return loaded
+
+    def open(self) -> Runtime:
+        """This process's runtime for this spec (opened once, then reused)."""
+        key = (os.getpid(), self)
+        with _RT_LOCK:
+            rt = _RUNTIMES.get(key)
+            if rt is None:
+                rt = _RUNTIMES[key] = open_runtime(
+                    self.workspace,
+                    db=self.db_url,
+                    artifacts=self.artifacts_url,
+                    artifacts_options=self.artifacts_options,
+                    host_id=self.host_id,
+                )
+            return rt
+
+
+_RUNTIMES: dict[tuple[int, RuntimeSpec], Runtime] = {}
+_RT_LOCK = threading.Lock()
+
+
+def open_runtimes() -> list[Runtime]:
+    """The runtimes steps opened in this process (for tests and shutdown)."""
+    with _RT_LOCK:
+        return [rt for (pid, _), rt in _RUNTIMES.items() if pid == os.getpid()]
+
+
+@contextmanager
+def step_settings(
+    workspace: str | os.PathLike[str] | None = None,
+    db: str | None = None,
+    artifacts: str | None = None,
+    artifacts_options: Mapping[str, Any] | None = None,
+    host_id: str | None = None,
+) -> Iterator[RuntimeSpec]:
+    """Within this block, steps called from this thread (and flows it runs) use these settings instead of the
+    ``SMTHRS_*`` environment. Yields the resolved spec. Settings are fixed per flow run at its first step call."""
+    spec = _resolve(
+        workspace=workspace, db=db, artifacts=artifacts, artifacts_options=artifacts_options, host_id=host_id
+    )
+    token = _OVERRIDES.set(
+        {
+            "workspace": spec.workspace,
+            "db_url": spec.db_url,
+            "artifacts_url": spec.artifacts_url,
+            "artifacts_options": spec.artifacts_options,
+            "host_id": spec.host_id,
+        }
+    )
+    try:
+        yield spec
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def _resolve(**kw: Any) -> RuntimeSpec:
+    s = load_settings(
+        workspace=kw.get("workspace"),
+        db_url=kw.get("db"),
+        artifacts_url=kw.get("artifacts"),
+        artifacts_options=dict(kw["artifacts_options"]) if kw.get("artifacts_options") is not None else None,
+        host_id=kw.get("host_id"),
+    )
+    return RuntimeSpec(
+        workspace=str(s.workspace),
+        db_url=s.resolved_db_url,
+        artifacts_url=s.resolved_artifacts_url,
+        artifacts_options_json=json.dumps(s.artifacts_options, sort_keys=True),
+        host_id=s.host_id,
+    )
+
+
+def current_spec() -> RuntimeSpec:
+    """The runtime spec a step called now would use (``step_settings`` overrides, else ``SMTHRS_*``)."""
+    o = _OVERRIDES.get()
+    if o is None:
+        return _resolve()
+    return _resolve(
+        workspace=o["workspace"],
+        db=o["db_url"],
+        artifacts=o["artifacts_url"],
+        artifacts_options=o["artifacts_options"],
+        host_id=o["host_id"],
+    )
+
+
+class StepContext:
+    """The run a step call belongs to: run id, the owner token fencing its writes, the runtime spec. A plain,
+    non-iterable object on purpose: Prefect's parameter walkers and ``map`` leave it alone."""
+
+    __slots__ = ("run_id", "owner", "spec", "flow_run_id")
+
+    def __init__(self, run_id: str, owner: OwnerId, spec: RuntimeSpec, flow_run_id: str | None) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.spec = spec
+        self.flow_run_id = flow_run_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StepContext, (self.run_id, self.owner, self.spec, self.flow_run_id))
+
+    def __repr__(self) -> str:
+        return f"StepContext(run_id={self.run_id!r})"
+
+
+@dataclass
+class _FlowRun:
+    ctx: StepContext
+    runtime: Runtime
+    heartbeat: Heartbeater
+
+
+_FLOW_RUNS: dict[str, _FlowRun] = {}
+_FR_LOCK = threading.Lock()
+
+
+def context_for_call() -> StepContext | None:
+    """In a flow run's own process: that flow run's step context (its smthrs run is created and claimed on first
+    use). ``None`` outside a flow run or in a detached (worker-side) context: the call runs standalone."""
+    import sys
+
+    ctx_mod = sys.modules.get("prefect.context")
+    if ctx_mod is None:
+        return None
+    frc = ctx_mod.FlowRunContext.get()
+    if frc is None or frc.flow_run is None or getattr(frc, "detached", False):
+        return None
+    flow_run_id = str(frc.flow_run.id)
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(flow_run_id)
+        if fr is not None:
+            return fr.ctx
+        fr = _claim_flow_run(flow_run_id, frc)
+        _FLOW_RUNS[flow_run_id] = fr
+        return fr.ctx
+
+
+def _claim_flow_run(flow_run_id: str, frc: Any) -> _FlowRun:
+    spec = current_spec()
+    rt = spec.open()
+    flow_name = getattr(frc.flow, "name", None) or "flow"
+    run_id = f"prefect-{flow_run_id}"
+    rt.runs.create(run_id, f"prefect/{flow_name}")
+    decision = rt.ownership.claim(run_id)
+    if not isinstance(decision, Activated):
+        fresh = f"{run_id}-{uuid.uuid4().hex[:8]}"
+        log.warning(
+            "smthrs run %s of flow run %s is %s; this flow run's steps journal into %s instead",
+            run_id,
+            flow_run_id,
+            type(decision).__name__,
+            fresh,
+        )
+        run_id = fresh
+        rt.runs.create(run_id, f"prefect/{flow_name}")
+        decision = rt.ownership.claim(run_id)
+        if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
+            raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
+    beat = Heartbeater(rt.ownership, run_id).start()
+    _hook_flow(frc.flow)
+    return _FlowRun(StepContext(run_id, rt.ownership.owner, spec, flow_run_id), rt, beat)
+
+
+def _hook_flow(flow: Any) -> None:
+    """Append the settle hook to the flow's state hooks once (Prefect reads them when the final state is set)."""
+    if flow is None or getattr(flow, "_smthrs_hooked", False):
+        return
+    for attr in ("on_completion_hooks", "on_failure_hooks", "on_crashed_hooks", "on_cancellation_hooks"):
+        hooks = getattr(flow, attr, None)
+        if isinstance(hooks, list):
+            hooks.append(_settle_flow_run)
+    try:
+        flow._smthrs_hooked = True
+    except AttributeError:  # pragma: no cover - Flow objects accept attributes
+        pass
+
+
+def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
+    """Prefect state hook: the flow run ended — stop the heartbeat and settle its smthrs run."""
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.pop(str(flow_run.id), None)
+    if fr is None:
+        return
+    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    fr.heartbeat.stop()
+    status = "completed" if state.is_completed() else "failed"
+    fr.runtime.runs.finish(
+        fr.ctx.run_id,
+        fr.ctx.owner,
+        status,
+        result={"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)},
+    )
+
+
+@atexit.register
+def _release_all() -> None:
+    with _FR_LOCK:
+        leftovers = list(_FLOW_RUNS.values())
+        _FLOW_RUNS.clear()
+    flush_hits()
+    for fr in leftovers:
+        fr.heartbeat.stop()
+        try:
+            fr.runtime.ownership.release(fr.ctx.run_id, cause="shutdown")
+        except Exception:  # the process is exiting: report, the lease lapses on its own
+            log.exception("could not release smthrs run %s at exit", fr.ctx.run_id)
+
+
+@contextmanager
+def standalone_run(flow: str) -> Iterator[StepContext]:
+    """A short run of its own for one step call outside any flow run; settled when the block exits."""
+    spec = current_spec()
+    rt = spec.open()
+    run_id = f"step-{uuid.uuid4().hex}"
+    rt.runs.create(run_id, flow)
+    decision = rt.ownership.claim(run_id)
+    if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
+        raise RuntimeError(f"could not claim fresh run {run_id}: {decision}")
+    beat = Heartbeater(rt.ownership, run_id).start()
+    ctx = StepContext(run_id, rt.ownership.owner, spec, None)
+    error: BaseException | None = None
+    try:
+        yield ctx
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        flush_hits(run_id)
+        beat.stop()
+        if not isinstance(
+            error, FenceLost
+        ):  # a lost fence: another owner holds the run, nothing of ours to write
+            rt.runs.finish(
+                run_id,
+                ctx.owner,
+                "failed" if error is not None else "completed",
+                error=None if error is None else {"type": type(error).__name__, "message": str(error)},
+            )
+
+
+def workspace_of(ctx: StepContext) -> Path:
+    return Path(ctx.spec.workspace)

@@ -1,0 +1,369 @@
+"""The Prefect host: every node dispatch of a plan is one Prefect task run, submitted through the current flow
+run's task runner (threads, processes or Dask), named after the node and tagged with the plan id.
+
+Invariants
+- Prefect orchestrates, the plugin caches: node tasks are built with ``cache_policy=NO_CACHE,
+  persist_result=False, retries=0`` — Prefect never caches or retries a node on its own (the scheduler owns
+  rebases, the dispatch seam owns the cache).
+- A task run's name is ``"<node id> #<attempt>"``; its final state mirrors the dispatch: ``Completed`` (built),
+  ``Completed`` named ``Cached`` (clean: a verified hit), ``Failed`` (the node failed; named ``Conflict`` for a
+  copy-back conflict the scheduler will rebase). The coordinator receives the :class:`JobOutcome` either way.
+- Submission happens on the coordinator thread, which is the flow's thread (``PlanScheduler.run`` is called from
+  the flow body), so the task runner and the flow-run context are the flow's own.
+- Out-of-process runners (``ProcessPoolTaskRunner``, ``prefect_dask.DaskTaskRunner``) receive the job with a
+  picklable :class:`~._worker.WorkerDispatcher`: engines and filesystems open lazily in the worker, never pickled.
+  In-process runners receive the job as is. Either way the job's writes are fenced by the run's owner token.
+- Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``) on the flow's own context,
+  and, when the pass ends, the Report is attached to the flow run as a markdown artifact (see
+  :mod:`.prefect_plugin`). Prefect being unreachable for an event is Prefect's own (logged) concern; it never
+  changes a node's outcome.
+
+Prior art: Bazel's remote execution (the scheduler keys and caches; executors only run), Prefect's own
+``task_runner.submit`` contract.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..canonical import sha256_hex
+from ..errors import SchedulerError, SettingsError
+from ..plan import Concurrency, Plan
+from ..runtime import Runtime
+from ..scheduler.host import default_workers
+from ..scheduler.job import JobOutcome, NodeJob, error_line, is_conflict
+from ..scheduler.model import Report
+from ..scheduler.scheduler import Executor
+from ._worker import WorkerDispatcher
+
+if TYPE_CHECKING:  # pragma: no cover
+    from prefect import Task
+
+__all__ = [
+    "PrefectHost",
+    "host_for_run",
+    "run_plan_in_flow",
+    "report_markdown",
+    "artifact_key",
+    "flow_run_active",
+    "quiet_flow_settings",
+    "share_prefect_api",
+    "EVENT_PREFIX",
+]
+
+#: Prefect event names are ``smthrs.node.<outcome>`` (DESIGN.md §5 vocabulary).
+EVENT_PREFIX = "smthrs.node."
+
+_HOSTS_BY_RUN: weakref.WeakValueDictionary[str, PrefectHost] = weakref.WeakValueDictionary()
+
+
+def flow_run_active() -> bool:
+    """Is a Prefect flow run active on this thread? Free when Prefect was never imported (then none can be)."""
+    import sys
+
+    ctx_mod = sys.modules.get("prefect.context")
+    if ctx_mod is None:
+        return False
+    return ctx_mod.FlowRunContext.get() is not None
+
+
+class _JobBox:
+    """Keeps the job opaque to Prefect's parameter walkers (``visit_collection`` descends into dataclasses)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: NodeJob) -> None:
+        self.job = job
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_JobBox, (self.job,))
+
+    def __repr__(self) -> str:
+        return f"<smthrs job {self.job.spec.node_id} #{self.job.spec.attempt}>"
+
+
+def _run_node(box: _JobBox, node: str, attempt: int) -> Any:
+    """The body of every node task run (module-level so it pickles by reference)."""
+    from prefect.states import Completed, Failed
+
+    outcome: JobOutcome = box.job.run()
+    r = outcome.result
+    if r.outcome == "clean":
+        return Completed(name="Cached", message=f"smthrs: verified cache hit {r.key}", data=outcome)
+    if r.outcome == "failed":
+        name = "Conflict" if is_conflict(r.error) else "Failed"
+        return Failed(name=name, message=error_line(r.error) or "node failed", data=outcome)
+    return outcome
+
+
+class PrefectHost:
+    """Runs node jobs as Prefect task runs of the active flow run (see the module invariants).
+
+    ``run_id`` names the smthrs run (for the report artifact); ``tags`` are added to every node task;
+    ``emit_events=False`` turns the per-node Prefect events off. ``durations_ms`` / ``task_runs`` hold, per node,
+    the last dispatch's submit-to-settle time and every task run id it had."""
+
+    def __init__(
+        self, run_id: str | None = None, *, tags: Iterable[str] = (), emit_events: bool = True
+    ) -> None:
+        self.run_id = run_id
+        self.tags = tuple(tags)
+        self.emit_events = emit_events
+        self.durations_ms: dict[str, float] = {}
+        self.task_runs: dict[str, list[str]] = {}
+        self._tasks: dict[tuple[str, str], Task[Any, Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        if run_id is not None:
+            _HOSTS_BY_RUN[run_id] = self
+
+    # -- Host protocol ---------------------------------------------------------------------------------------
+
+    def submit(self, job: NodeJob) -> Future[Any]:
+        from prefect.context import FlowRunContext
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        if self._closed:
+            raise RuntimeError("this PrefectHost is closed; create a new one")
+        ctx = FlowRunContext.get()
+        if ctx is None or ctx.task_runner is None:
+            raise SettingsError(
+                "invalid_setting",
+                "PrefectHost.submit needs an active Prefect flow run on the submitting thread; call "
+                "rt.scheduler(...).run(plan) from inside a @flow, or use `smthrs run --prefect`",
+            )
+        if not isinstance(ctx.task_runner, ThreadPoolTaskRunner):
+            job = replace(job, dispatcher=WorkerDispatcher.of(job.dispatcher))
+        spec = job.spec
+        task = self._task(spec.node_id, spec.plan_id)
+        out: Future[Any] = Future()
+        started = time.perf_counter()
+        pf = task.submit(_JobBox(job), spec.node_id, spec.attempt)
+        with self._lock:
+            self.task_runs.setdefault(spec.node_id, []).append(str(pf.task_run_id))
+        flow_ctx = contextvars.copy_context()
+        flow_run_id = str(ctx.flow_run.id) if ctx.flow_run is not None else None
+
+        def done(fut: Any) -> None:
+            try:
+                fut.wait()
+                state = fut.state
+                data = state.result(raise_on_failure=False)
+            except BaseException as exc:  # the bridge itself failed: the coordinator must hear it
+                out.set_exception(exc)
+                return
+            if isinstance(data, JobOutcome):
+                elapsed = (time.perf_counter() - started) * 1000.0
+                with self._lock:
+                    self.durations_ms[spec.node_id] = elapsed
+                if self.emit_events:
+                    flow_ctx.run(_emit, job, data, str(fut.task_run_id), flow_run_id, elapsed)
+                out.set_result(data)
+            elif isinstance(data, BaseException):
+                out.set_exception(data)
+            else:
+                out.set_exception(
+                    SchedulerError(
+                        "store_failed",
+                        f"node {spec.node_id!r}: Prefect task run {fut.task_run_id} ended {state.type.value} "
+                        f"({state.message}) without a node outcome",
+                    )
+                )
+
+        pf.add_done_callback(done)
+        return out
+
+    def close(self) -> None:
+        self._closed = True
+
+    @property
+    def default_concurrency(self) -> dict[str, int]:
+        """The step cap a scheduler gets with this host when nobody chose one: the local host's thread count.
+        Prefect's thread-pool runner is unbounded by default, and a hundred node settlements racing for one
+        SQLite write lock cost far more than they overlap."""
+        return {"steps": default_workers()}
+
+    def _task(self, node_id: str, plan_id: str) -> Task[Any, Any]:
+        with self._lock:
+            t = self._tasks.get((node_id, plan_id))
+            if t is None:
+                # One Task built per plan (its __init__ reads and hashes the function's source: ~1 ms); each node
+                # gets a shallow copy renamed after it (Task options are read-only configuration).
+                proto = self._tasks.get(("", plan_id))
+                if proto is None:
+                    proto = self._tasks[("", plan_id)] = _node_task(plan_id, self.tags)
+                t = copy.copy(proto)
+                t.name = node_id
+                self._tasks[(node_id, plan_id)] = t
+            return t
+
+    def __repr__(self) -> str:
+        return f"PrefectHost(run_id={self.run_id!r})"
+
+
+def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:
+    import prefect
+    from prefect.cache_policies import NO_CACHE
+
+    return prefect.Task(
+        _run_node,
+        name="smthrs-node",
+        task_run_name="{node} #{attempt}",
+        # The plan id is the one tag (so Prefect tag concurrency limits can cap a plan); note every tagged task run
+        # pays Prefect's slot acquire/release round trips.
+        tags=[f"plan:{plan_id}", *tags],
+        cache_policy=NO_CACHE,
+        persist_result=False,
+        retries=0,
+    )
+
+
+def _emit(job: NodeJob, outcome: JobOutcome, task_run_id: str, flow_run_id: str | None, ms: float) -> None:
+    from prefect.events import emit_event
+
+    r = outcome.result
+    spec = job.spec
+    related = [
+        {"prefect.resource.id": f"prefect.task-run.{task_run_id}", "prefect.resource.role": "task-run"}
+    ]
+    if flow_run_id is not None:
+        related.append(
+            {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}
+        )
+    emit_event(
+        event=EVENT_PREFIX + r.outcome,
+        resource={
+            "prefect.resource.id": f"smthrs.node.{spec.plan_id}.{spec.node_id}",
+            "prefect.resource.name": spec.node_id,
+        },
+        related=related,
+        payload={
+            "run_id": spec.run_id,
+            "plan_id": spec.plan_id,
+            "node": spec.node_id,
+            "attempt": spec.attempt,
+            "dispatch_key": r.key,
+            "outcome": r.outcome,
+            "cache_decision": None if r.decision is None else r.decision.tag,
+            "conflict": is_conflict(r.error),
+            "error": error_line(r.error),
+            "duration_ms": round(ms, 3),
+        },
+    )
+
+
+def host_for_run(run_id: str) -> PrefectHost | None:
+    """The Prefect host a provider created for ``run_id`` (while it lives)."""
+    return _HOSTS_BY_RUN.get(run_id)
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def artifact_key(run_id: str) -> str:
+    """A Prefect artifact key for ``run_id``: lowercase letters, digits and dashes only, unique per run id."""
+    slug = "".join(c if c.isalnum() and c.isascii() else "-" for c in run_id.lower()).strip("-")
+    slug = "-".join(p for p in slug.split("-") if p)[:48] or "run"
+    return f"smthrs-{slug}-{sha256_hex(run_id.encode('utf-8'))[:8]}"
+
+
+def report_markdown(run_id: str, report: Report, durations_ms: Mapping[str, float] | None = None) -> str:
+    """The Report as markdown: one row per node (outcome, cache decision, attempts, duration, dispatch key)."""
+    durations = durations_ms or {}
+    counts: dict[str, int] = {}
+    for s in report.settlements:
+        counts[s.outcome] = counts.get(s.outcome, 0) + 1
+    summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+    lines = [
+        f"## smthrs run `{run_id}`",
+        "",
+        f"plan `{report.plan_id}` · digest `{report.digest}` · {summary}",
+        "",
+        "| node | outcome | cache decision | attempts | duration (ms) | dispatch key |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in report.settlements:
+        ms = durations.get(s.node)
+        key = f"`{s.dispatch_key[:17]}…`" if s.dispatch_key else "-"
+        err = f" ({s.error})" if s.error else ""
+        lines.append(
+            f"| {s.node} | **{s.outcome}**{err} | {s.cache_decision or '-'} | {s.attempts} | "
+            f"{'-' if ms is None else f'{ms:.1f}'} | {key} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def share_prefect_api() -> str:
+    """Export this process's Prefect API as ``PREFECT_API_URL`` so its children (process-pool and Dask workers,
+    subprocesses) report to the same server instead of each starting an ephemeral one (PREFECT.md: 10-15 s each,
+    and their task runs would be invisible). The configured server, or Prefect's ephemeral server — started now if
+    it is not running yet. Returns the URL. Call it before creating the task runner's workers."""
+    import os
+
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer()
+        server.start()
+        url = server.api_url
+    os.environ["PREFECT_API_URL"] = str(url)
+    return str(url)
+
+
+# ----------------------------------------------------------------------------------------- smthrs run --prefect
+
+
+def quiet_flow_settings() -> Any:
+    """A settings context that switches Prefect's per-flow-run heartbeat thread off (its join costs ~0.5 s per
+    flow run, PREFECT.md); smthrs heartbeats its own runs."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
+def run_plan_in_flow(
+    rt: Runtime,
+    run_id: str,
+    plan: Plan,
+    executor: Executor,
+    *,
+    concurrency: Concurrency | Mapping[str, Any] | None = None,
+    task_runner: Any = None,
+    flow_name: str | None = None,
+) -> Report:
+    """Run ``plan`` as run ``run_id`` inside a Prefect flow run named after the run (``smthrs run --prefect``):
+    every node dispatch is a task run of that flow run, and the Report is attached as a markdown artifact.
+    ``task_runner`` defaults to Prefect's thread pool. A scheduler refusal fails the flow run and is raised."""
+    from prefect import Flow
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    name = flow_name or "smthrs-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in plan.flow)
+
+    def body() -> Report:
+        if not flow_run_active():  # pragma: no cover - Prefect guarantees it
+            raise SchedulerError("store_failed", "internal: no flow run context inside the smthrs flow")
+        return rt.scheduler(run_id, concurrency=concurrency).run(plan, executor)
+
+    smthrs_flow: Flow[[], Report] = Flow(
+        body,
+        name=name,
+        flow_run_name=run_id,
+        task_runner=task_runner or ThreadPoolTaskRunner(),  # type: ignore[arg-type]
+        persist_result=False,
+        validate_parameters=False,
+        log_prints=False,
+    )
+    with quiet_flow_settings():
+        report: Report = smthrs_flow()
+    return report

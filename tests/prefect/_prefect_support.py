@@ -1,0 +1,72 @@
+"""Helpers of the Prefect integration suite: the server's REST API, polling its asynchronous persistence, and
+subprocesses that share the session's server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def api_post(api: str, path: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        f"{api}{path}", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def poll(fn: Any, done: Any, *, timeout_s: float = 60.0) -> Any:
+    """Prefect persists task-run states and events asynchronously (an event pipeline): read until ``done(value)``
+    or the deadline, then return the last value (the caller's assertion says what was missing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def task_runs_of(api: str, flow_run_id: str) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = api_post(
+        api, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200}
+    )
+    return runs
+
+
+def events_of(api: str, prefix: str, flow_run_id: str) -> list[dict[str, Any]]:
+    body = {
+        "filter": {
+            "event": {"prefix": [prefix]},
+            "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+            "occurred": {"since": "2000-01-01T00:00:00Z"},
+        },
+        "limit": 50,  # the server's maximum page
+    }
+    page = api_post(api, "/events/filter", body)
+    events: list[dict[str, Any]] = page["events"]
+    while page.get("next_page"):
+        with urllib.request.urlopen(page["next_page"], timeout=30) as r:
+            page = json.loads(r.read())
+        events += page["events"]
+    return events
+
+
+def run_py(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 240) -> Any:
+    """Run ``python args...`` with the session's environment (PREFECT_API_URL included)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -1,0 +1,281 @@
+"""Plugins (pluggy project ``smthrs``): built-ins, overrides through ``open_runtime``, observers, plan actions,
+loud loading failures, and ``smthrs plugins``. Real plans on a real SQLite runtime; no Prefect server needed."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import smthrs_plugin as sp
+from smthrs_plugin.control.authority import DEFAULT_AUTHORITY
+from smthrs_plugin.engine.liveness import LeaseLiveness, SameHostPidProbe
+from smthrs_plugin.errors import PlanError, PluginError
+from smthrs_plugin.hooks import (
+    Authorized,
+    Principal,
+    Unauthorized,
+    hookimpl,
+    new_plugins,
+)
+from smthrs_plugin.scheduler.host import ThreadHost
+from smthrs_plugin.scheduler.planfile import read_plan_file
+from smthrs_plugin.scheduler.reconcile import DefaultReconciler, Fail
+from smthrs_plugin.settings import load_settings
+
+
+def upper(ni: sp.NodeInput) -> dict:
+    text = (ni.root / "in.txt").read_text()
+    (ni.root / f"{ni.id}.txt").write_text(text.upper())
+    return {"n": len(text)}
+
+
+def two_nodes() -> sp.Plan:
+    return sp.compile_plan(
+        "p",
+        "tests/hooks",
+        [
+            sp.node("a", body={"x": 1}, reads=["in.txt"], writes=["a.txt"]),
+            sp.node("b", body={"x": 2}, reads=["in.txt"], writes=["b.txt"]),
+        ],
+    )
+
+
+class Recorder:
+    """A plugin observing everything and overriding the firstresult hooks."""
+
+    def __init__(self) -> None:
+        self.settled: list[tuple[str, str | None, str, str]] = []
+        self.decisions: list[str] = []
+        self.reports: list[tuple[str, dict[str, str]]] = []
+
+    @hookimpl
+    def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Any) -> None:
+        self.settled.append((run_id, plan_id, settlement.node, settlement.outcome))
+
+    @hookimpl
+    def smthrs_cache_decision(self, decision: str) -> None:
+        self.decisions.append(decision)
+
+    @hookimpl
+    def smthrs_run_settled(self, run_id: str, report: Any) -> None:
+        self.reports.append((run_id, dict(report.outcomes)))
+
+    @hookimpl
+    def smthrs_liveness_check(self, settings: Any) -> Any:
+        return SameHostPidProbe()
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "in.txt").write_text("abc")
+    return tmp_path
+
+
+def test_builtins_answer_when_no_plugin_does() -> None:
+    plugins = new_plugins(entry_points=False)
+    s = load_settings()
+    assert isinstance(plugins.reconciler(s), DefaultReconciler)
+    assert isinstance(plugins.liveness(s), LeaseLiveness)
+    assert plugins.approval_authority(s) is DEFAULT_AUTHORITY
+    assert plugins.actions() == {} and plugins.runtime_defaults(s) == {} and plugins.host_providers(s) == []
+    assert [i.name for i in plugins.describe()] == ["smthrs-builtin"]
+
+
+def test_the_default_authority_lets_only_the_local_operator_decide() -> None:
+    auth = new_plugins(entry_points=False).approval_authority(load_settings())
+    assert auth is DEFAULT_AUTHORITY  # the control plane's own default, not a second copy of the policy
+    assert auth.authorize(Principal("local", "operator"), "approve", "plan-1") == Authorized(
+        Principal("local", "operator")
+    )
+    refused = auth.authorize(Principal("alice", "user"), "deny", "plan-1")
+    assert isinstance(refused, Unauthorized) and refused.reason
+
+
+def test_a_registered_plugin_overrides_liveness_and_hears_every_settlement_and_decision(ws: Path) -> None:
+    rec = Recorder()
+    plugins = new_plugins(entry_points=False, extra=[rec])
+    with sp.open_runtime(ws, plugins=plugins) as rt:
+        assert isinstance(rt.ownership.liveness, SameHostPidProbe)  # the plugin's answer was wired in
+        first = rt.scheduler("r1").run(two_nodes(), upper)
+        second = rt.scheduler("r2").run(two_nodes(), upper)
+    assert set(first.outcomes.values()) == {"built"} and set(second.outcomes.values()) == {"clean"}
+    assert rec.settled == [
+        ("r1", "p", "a", "built"),
+        ("r1", "p", "b", "built"),
+        ("r2", "p", "a", "clean"),
+        ("r2", "p", "b", "clean"),
+    ]
+    assert rec.decisions == ["Miss", "Miss", "VerifiedHit", "VerifiedHit"]
+    assert rec.reports == [("r1", {"a": "built", "b": "built"}), ("r2", {"a": "clean", "b": "clean"})]
+
+
+def test_an_observer_that_raises_never_changes_the_outcome(
+    ws: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        @hookimpl
+        def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Any) -> None:
+            raise RuntimeError("observer bug")
+
+    caplog.set_level(logging.ERROR, logger="smthrs_plugin.hooks.manager")  # whatever Prefect did to the root
+    rec = Recorder()
+    plugins = new_plugins(entry_points=False, extra=[Broken(), rec])
+    with sp.open_runtime(ws, plugins=plugins) as rt:
+        report = rt.scheduler("r1").run(two_nodes(), upper)
+        assert rt.runs.get("r1").status == "completed"  # type: ignore[union-attr]
+    assert set(report.outcomes.values()) == {"built"}
+    assert len(rec.settled) == 2  # the other observer still heard everything
+    assert "observer bug" in caplog.text
+
+
+def test_a_plugin_reconciler_judges_deviations(ws: Path) -> None:
+    class Strict:
+        @hookimpl
+        def smthrs_reconciler(self, settings: Any) -> Any:
+            class FailAll:
+                def judge(self, case: Any, context: Any) -> Any:
+                    return Fail(
+                        case.node if hasattr(case, "node") else "?", "strict plugin refuses deviations"
+                    )
+
+            return FailAll()
+
+    def sloppy(ni: sp.NodeInput) -> dict:
+        (ni.root / "a.txt").write_text("x")  # declared write missing: b.txt (expected mode records it)
+        return {}
+
+    plan = sp.compile_plan(
+        "dev", "tests/hooks", [sp.node("a", body={}, writes=["a.txt", "extra.txt"], boundary="expected")]
+    )
+    with sp.open_runtime(ws, plugins=new_plugins(entry_points=False, extra=[Strict()])) as rt:
+        report = rt.scheduler("r1").run(plan, sloppy)
+    assert report.outcomes == {"a": "failed"}
+    assert [(v.tag, getattr(v, "reason", None)) for v in report.verdicts] == [
+        ("Fail", "strict plugin refuses deviations")
+    ]
+
+
+def test_runtime_defaults_fold_a_plugin_environment_into_dispatch_keys(ws: Path) -> None:
+    class Env:
+        def __init__(self, version: str) -> None:
+            self.version = version
+
+        @hookimpl
+        def smthrs_runtime_defaults(self, settings: Any) -> dict:
+            return {"environment": {"toolchain": self.version}}
+
+    keys = []
+    for version in ("1", "2", "1"):
+        with sp.open_runtime(ws, plugins=new_plugins(entry_points=False, extra=[Env(version)])) as rt:
+            report = rt.scheduler(f"env-{len(keys)}").run(two_nodes(), upper)
+        keys.append(report.settlement("a").dispatch_key)
+        if len(keys) == 3:
+            assert report.settlement("a").outcome == "clean"  # environment 1 again: served
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_an_unknown_runtime_default_is_refused() -> None:
+    class Bad:
+        @hookimpl
+        def smthrs_runtime_defaults(self, settings: Any) -> dict:
+            return {"colour": "blue"}
+
+    with pytest.raises(PluginError) as err:
+        new_plugins(entry_points=False, extra=[Bad()]).runtime_defaults(load_settings())
+    assert err.value.code == "invalid_default" and "colour" in err.value.message
+
+
+def test_two_plugins_claiming_one_action_name_is_refused_naming_both() -> None:
+    class One:
+        @hookimpl
+        def smthrs_plan_actions(self) -> dict:
+            return {"ship": upper}
+
+    class Two:
+        @hookimpl
+        def smthrs_plan_actions(self) -> dict:
+            return {"ship": upper}
+
+    plugins = new_plugins(entry_points=False)
+    plugins.register(One(), "one")
+    plugins.register(Two(), "two")
+    with pytest.raises(PluginError) as err:
+        plugins.actions()
+    assert (
+        err.value.code == "duplicate_action" and "'one'" in err.value.message and "'two'" in err.value.message
+    )
+
+
+def test_a_hookimpl_that_does_not_match_its_spec_is_invalid_plugin() -> None:
+    class Wrong:
+        @hookimpl
+        def smthrs_node_settled(self, run_id: str, nonsense: int) -> None: ...
+
+    with pytest.raises(PluginError) as err:
+        new_plugins(entry_points=False, extra=[Wrong()])
+    assert err.value.code == "invalid_plugin"
+
+
+def test_a_broken_installed_entry_point_fails_loudly_naming_its_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "brokenplug-0.1.dist-info"  # what an installer leaves behind
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplug\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[smthrs]\nbroken = smthrs_no_such_module_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError) as err:
+        new_plugins()
+    assert err.value.code == "load_failed"
+    assert err.value.details["distribution"] == "brokenplug" and "broken" in err.value.message
+    assert [i.name for i in new_plugins(block=["broken"]).describe()][:1] == ["smthrs-builtin"]
+
+
+def test_plan_files_call_plugin_actions_by_name_and_refuse_unknown_names_at_their_line(ws: Path) -> None:
+    def shout(ni: sp.NodeInput, text: str = "") -> dict:
+        (ni.root / "out.txt").write_text(text.upper())
+        return {"n": len(text)}
+
+    class Actions:
+        @hookimpl
+        def smthrs_plan_actions(self) -> dict:
+            return {"shout": shout}
+
+    (ws / "plan.yaml").write_text(
+        "plan: acts\nflow: tests/acts\nnodes:\n  - id: s\n    call: shout\n    with: {text: hi}\n    writes: [out.txt]\n"
+    )
+    with sp.open_runtime(ws, plugins=new_plugins(entry_points=False, extra=[Actions()])) as rt:
+        pf = read_plan_file(ws / "plan.yaml", actions=rt.actions)
+        report = rt.scheduler("a1").run(pf.plan, pf.executor)
+    assert report.outcomes == {"s": "built"} and (ws / "out.txt").read_text() == "HI"
+    with pytest.raises(PlanError) as err:
+        read_plan_file(ws / "plan.yaml", actions={})
+    assert err.value.code == "invalid_plan_file" and err.value.details["line"] == 5
+    assert "no plan action named 'shout'" in err.value.message
+
+
+def test_outside_a_flow_run_the_runtime_keeps_the_local_thread_pool(ws: Path) -> None:
+    with sp.open_runtime(ws) as rt:  # the process-wide plugins: built-ins + this distribution's Prefect host
+        assert [p.name for p in rt.plugins.host_providers(rt.settings)] == ["prefect"]
+        sched = rt.scheduler("local-1")
+        assert isinstance(sched.host, ThreadHost)
+
+
+def test_smthrs_plugins_lists_what_loaded_and_from_where() -> None:
+    from smthrs_plugin.cli import app
+
+    out = CliRunner().invoke(app, ["plugins", "--json"])
+    assert out.exit_code == 0, out.output
+    info = json.loads(out.output)
+    by_name = {p["name"]: p for p in info["plugins"]}
+    assert by_name["smthrs-builtin"]["source"] == "builtin"
+    assert by_name["prefect"]["distribution"] == "smthrs-plugin"
+    assert set(by_name["prefect"]["hooks"]) == {"smthrs_hosts", "smthrs_run_settled"}
+    assert info["hosts"] == ["prefect"]
+    text = CliRunner().invoke(app, ["plugins"])
+    assert text.exit_code == 0 and "local (default)" in text.output
