@@ -282,5 +282,10 @@ class PluginError(SmthrsError):
 
     family = "plugin"
     codes = _codes(
-        "load_failed", "invalid_plugin", "duplicate_plugin", "duplicate_action", "unknown_action", "invalid_default"
+        "load_failed",
+        "invalid_plugin",
+        "duplicate_plugin",
+        "duplicate_action",
+        "unknown_action",
+        "invalid_default",
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     #: an in-process waiter re-checks the store when no wake arrives (the wake bus only shortens this poll).
     wait_budget_s: float = 60.0
     wait_poll_s: float = 1.0
+    #: SQLite durability of a commit (``PRAGMA synchronous`` on WAL file databases). ``full`` (the default)
+    #: fsyncs the WAL at every commit: a committed transition survives an OS crash or power loss. ``normal``
+    #: fsyncs only at checkpoints: still safe against PROCESS crashes (the WAL is in the OS page cache), but
+    #: an OS crash / power loss may lose the last commits, so an irreversible node that ran may be run again.
+    #: Opt in only where that re-execution is acceptable. See :func:`smthrs_plugin.stores.database.open_database`.
+    sqlite_synchronous: Literal["full", "normal"] = "full"
 
     @field_validator("artifacts_options", mode="before")
     @classmethod
@@ -46,6 +52,12 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return json.loads(v) if v.strip() else {}
         return v
+
+    @field_validator("sqlite_synchronous", mode="before")
+    @classmethod
+    def _lower_synchronous(cls, v: Any) -> Any:
+        # Environment values are case-insensitive (SMTHRS_SQLITE_SYNCHRONOUS=NORMAL), like SQLite's own pragma.
+        return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("wait_budget_s")
     @classmethod
