@@ -28,9 +28,11 @@ $(STAMP_TEST): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_RUN)
 
 demo: $(STAMP_RUN)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/python examples/quickstart.py
 
 test: $(STAMP_TEST)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP_TEST)

@@ -14,10 +14,12 @@ from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.control.approvals import Approved, Denied, Pending
 from smthrs_plugin.control.authority import (
     AuthorityRequest,
+    Authorized,
     DelegatedAuthority,
     Delegation,
     NodeTarget,
     PlanTarget,
+    Unauthorized,
 )
 from smthrs_plugin.control.cards import Envelope
 from smthrs_plugin.control.control import Control, Launch
@@ -26,7 +28,6 @@ from smthrs_plugin.control.receipts import Accepted, AlreadyApplied, Conflict, P
 from smthrs_plugin.engine.ownership import Activated, Ownership
 from smthrs_plugin.engine.waits import WaitStore
 from smthrs_plugin.errors import ControlError, InvalidInput
-from smthrs_plugin.hooks.defaults import LocalOperatorAuthority
 from smthrs_plugin.settings import Settings
 from smthrs_plugin.stores.database import Database, open_database
 
@@ -203,10 +204,19 @@ def test_delegations_bind_principal_scope_and_target_kind_exactly(
     assert authority.authorize_request(AuthorityRequest(bot, "deny", "Node", "r/x")).tag == "Authorized"
 
 
+class _ThreeArgumentAuthority:
+    """A plugin-shaped authority: only the hook's ``authorize(principal, action, target)``, no request form."""
+
+    def authorize(self, principal: Principal, action: str, target: str) -> Authorized | Unauthorized:
+        if principal == LOCAL_OPERATOR:
+            return Authorized(principal)
+        return Unauthorized(principal, f"{principal} may not {action} {target}")
+
+
 def test_a_plugin_authority_with_the_three_argument_hook_shape_is_honoured(
     db: Database, settings: Settings
 ) -> None:
-    control = Control(db, settings=settings, authority=LocalOperatorAuthority())
+    control = Control(db, settings=settings, authority=_ThreeArgumentAuthority())
     card = _gated_card(control)
     with pytest.raises(ControlError, match="unauthorized"):
         control.approve(card.approval, principal=BOB)
