@@ -262,20 +262,25 @@ def open_runtime(
     metrics: MetricsPort = NULL_METRICS,
     clock: Clock = SYSTEM_CLOCK,
     plugins: Plugins | None = None,
+    sqlite_synchronous: str | None = None,
 ) -> Runtime:
     """Open a runtime over ``workspace`` (default ``SMTHRS_WORKSPACE``, else the current directory). ``db`` and
     ``artifacts`` accept URLs (default: SQLite and local artifacts under ``<workspace>/.smthrs``);
     ``artifacts_options`` are fsspec storage options; ``liveness`` decides steals (default: the plugins' answer, built-in
-    the lease); ``plugins`` defaults to the process-wide manager (built-ins + installed ``smthrs`` entry points)."""
+    the lease); ``plugins`` defaults to the process-wide manager (built-ins + installed ``smthrs`` entry points).
+    ``sqlite_synchronous`` (default ``SMTHRS_SQLITE_SYNCHRONOUS``, else ``"full"``) is the SQLite commit durability:
+    ``"normal"`` trades power-loss durability of the last commits for one fsync less per commit (see
+    :func:`~smthrs_plugin.stores.database.open_database`)."""
     settings = load_settings(
         workspace=workspace,
         db_url=db,
         artifacts_url=artifacts,
         artifacts_options=dict(artifacts_options) if artifacts_options is not None else None,
         host_id=host_id,
+        sqlite_synchronous=sqlite_synchronous,
     )
     settings.workspace.mkdir(parents=True, exist_ok=True)
-    database = open_database(settings.resolved_db_url)
+    database = open_database(settings.resolved_db_url, sqlite_synchronous=settings.sqlite_synchronous)
     store = ArtifactStore(settings.resolved_artifacts_url, settings.artifacts_options)
     plugins = plugins if plugins is not None else get_plugins()
     return Runtime(

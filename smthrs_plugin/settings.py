@@ -17,7 +17,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import SettingsError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "SqliteSynchronous", "load_settings", "sqlite_synchronous_setting"]
+
+#: ``PRAGMA synchronous`` values smthrs accepts for SQLite (see :attr:`Settings.sqlite_synchronous`).
+SqliteSynchronous = Literal["full", "normal"]
 
 
 class Settings(BaseSettings):
@@ -44,7 +47,7 @@ class Settings(BaseSettings):
     #: fsyncs only at checkpoints: still safe against PROCESS crashes (the WAL is in the OS page cache), but
     #: an OS crash / power loss may lose the last commits, so an irreversible node that ran may be run again.
     #: Opt in only where that re-execution is acceptable. See :func:`smthrs_plugin.stores.database.open_database`.
-    sqlite_synchronous: Literal["full", "normal"] = "full"
+    sqlite_synchronous: SqliteSynchronous = "full"
 
     @field_validator("artifacts_options", mode="before")
     @classmethod
@@ -56,8 +59,7 @@ class Settings(BaseSettings):
     @field_validator("sqlite_synchronous", mode="before")
     @classmethod
     def _lower_synchronous(cls, v: Any) -> Any:
-        # Environment values are case-insensitive (SMTHRS_SQLITE_SYNCHRONOUS=NORMAL), like SQLite's own pragma.
-        return v.strip().lower() if isinstance(v, str) else v
+        return _lower(v)
 
     @field_validator("wait_budget_s")
     @classmethod
@@ -101,3 +103,36 @@ def load_settings(**overrides: Any) -> Settings:
             cause=exc,
         ) from exc
     return s.model_copy(update={"workspace": Path(s.workspace).resolve()})
+
+
+def _lower(v: Any) -> Any:
+    # Case-insensitive (SMTHRS_SQLITE_SYNCHRONOUS=NORMAL), like SQLite's own pragma values.
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+class _SqliteOnly(BaseSettings):
+    """Just the SQLite durability knob: opening a database must not fail on an unrelated malformed setting."""
+
+    model_config = SettingsConfigDict(env_prefix="SMTHRS_", extra="ignore", frozen=True)
+
+    sqlite_synchronous: SqliteSynchronous = "full"
+
+    @field_validator("sqlite_synchronous", mode="before")
+    @classmethod
+    def _lower_synchronous(cls, v: Any) -> Any:
+        return _lower(v)
+
+
+def sqlite_synchronous_setting(value: str | None = None) -> SqliteSynchronous:
+    """``value`` if given, else ``SMTHRS_SQLITE_SYNCHRONOUS``, else ``"full"``; :class:`SettingsError` if malformed."""
+    try:
+        s = _SqliteOnly.model_validate({} if value is None else {"sqlite_synchronous": value})
+    except ValidationError as exc:
+        raise SettingsError(
+            "invalid_setting",
+            f"invalid SQLite synchronous mode ({'SMTHRS_SQLITE_SYNCHRONOUS' if value is None else repr(value)}): "
+            f"{exc}. Use 'full' (the default: durable across power "
+            "loss) or 'normal' (SMTHRS_SQLITE_SYNCHRONOUS / sqlite_synchronous=).",
+            cause=exc,
+        ) from exc
+    return s.sqlite_synchronous

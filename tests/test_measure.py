@@ -93,6 +93,22 @@ def test_racily_clean_entry_is_hashed_again_until_recorded_late_enough(tmp_path:
     assert len(counter.calls) == 3  # recorded long after the change: trusted
 
 
+def test_racily_clean_records_alone_do_not_rewrite_the_stat_cache_file(tmp_path: Path) -> None:
+    p = write(tmp_path, "a.txt", b"aaaa")
+    changed = max(os.stat(p).st_mtime_ns, os.stat(p).st_ctime_ns)
+    now = [changed + 1_000_000]  # inside the racy window: the entry could not be trusted after a reload
+    m = Measurer(tmp_path, clock_ns=lambda: now[0])
+    m.measure_paths(["a.txt"])
+    assert not (tmp_path / STAT_CACHE_FILE).exists()
+    now[0] = changed + FUTURE  # recorded late enough: worth persisting
+    m.measure_paths(["a.txt"])
+    doc = json.loads((tmp_path / STAT_CACHE_FILE).read_bytes())
+    assert doc["entries"]["a.txt"][-1] == changed + FUTURE
+    counter = CountingHash()
+    assert Measurer(tmp_path, hash_file=counter).measure_paths(["a.txt"]) == m.measure_paths(["a.txt"])
+    assert counter.calls == []  # the persisted entry serves another measurer without reading the file
+
+
 def test_file_rewritten_with_same_size_and_mtime_is_rehashed(tmp_path: Path) -> None:
     p = write(tmp_path, "a.txt", b"aaaa")
     counter = CountingHash()
@@ -230,6 +246,41 @@ def test_losing_the_workspace_root_is_workspace_missing(tmp_path: Path) -> None:
     with pytest.raises(BoundaryError) as ei3:
         Measurer(tmp_path / "never")
     assert ei3.value.code == "workspace_missing"
+
+
+class CountingRootChecks(Measurer):
+    """A real measurer that counts its workspace-root checks."""
+
+    checks = 0
+
+    def check_root(self) -> None:
+        self.checks += 1
+        super().check_root()
+
+
+def test_each_measurement_checks_the_root_once(tmp_path: Path) -> None:
+    tree(tmp_path)
+    m = CountingRootChecks(tmp_path, stat_cache=None)
+    m.measure_entries(["top.py", "missing.py", "src/**/*.py", "nothere/**"])
+    assert m.checks == 1
+    m.measure_paths(["top.py", "gone.py"])
+    assert m.checks == 2
+    m.expand(["**/*.py"])
+    assert m.checks == 3
+
+
+def test_root_lost_while_files_are_read_is_workspace_missing_not_absence(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    write(ws, "a.txt", b"a")
+
+    def hash_then_lose_root(f: IO[bytes]) -> str:
+        shutil.rmtree(ws)  # the open descriptor still reads the bytes; the root is gone afterwards
+        return sha256_file(f)
+
+    m = Measurer(ws, stat_cache=None, hash_file=hash_then_lose_root)
+    with pytest.raises(BoundaryError) as ei:
+        m.measure_entries(["a.txt", "b.txt"])
+    assert ei.value.code == "workspace_missing"
 
 
 def test_unreadable_file_keeps_its_cause(tmp_path: Path) -> None:

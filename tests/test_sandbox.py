@@ -237,3 +237,29 @@ def test_unchanged_outputs_are_not_rewritten_on_copy_back(ws: Path, store: Artif
     now = os.stat(ws / "dist/old.js")
     assert (now.st_ino, now.st_mtime_ns) == (old.st_ino, old.st_mtime_ns)  # make-like tools see no change
     assert (ws / "dist/app.js").read_bytes() == b"new\n"
+
+
+@pytest.mark.parametrize("seeded_bytes_limit", [1 << 20, -1], ids=["content-compare", "clock-tick"])
+def test_same_size_rewrite_with_restored_mtime_is_a_write_and_identical_rewrite_is_not(
+    ws: Path, store: ArtifactStore, sbx: Path, monkeypatch: pytest.MonkeyPatch, seeded_bytes_limit: int
+) -> None:
+    # Both ways of settling a sandbox (small trees compared by content, large ones by lstat identity after a
+    # clock tick) must agree on what a write is.
+    from smthrs_plugin.boundary import sandbox
+
+    monkeypatch.setattr(sandbox, "_REHASH_ALL_BYTES", seeded_bytes_limit)
+    write(ws, "other.txt", b"other\n")
+    decl = Declaration.of(reads=["in.txt", "other.txt"], writes=["out.txt"])
+
+    def body(root: Path) -> None:
+        (root / "out.txt").write_bytes(b"declared")
+        st = os.stat(root / "in.txt")
+        (root / "in.txt").write_bytes(b"INPUT\n")  # same size, other bytes
+        os.utime(root / "in.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
+        (root / "other.txt").write_bytes(b"other\n")  # identical bytes: not a change
+
+    with pytest.raises(BoundaryRefusal) as ei:
+        run_in_sandbox(ws, decl, body, mode="hermetic", artifacts=store, temp_dir=sbx)
+    assert ei.value.code == "undeclared_write"
+    assert ei.value.details["paths"] == ["in.txt"]
+    assert not (ws / "out.txt").exists()

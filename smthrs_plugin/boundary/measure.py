@@ -15,7 +15,9 @@ Invariants
   vanishes *during* enumeration is ``changed_during_measurement``; more entries than the budget is
   ``enumeration_budget``. Tree artifacts (``dist/``) contain every file below them, dotfiles included.
 - Losing the workspace root (or finding another directory in its place) is ``workspace_missing``: it never
-  turns every file into an absence.
+  turns every file into an absence. The root is checked once per public call, AFTER everything was read (a
+  result is returned only if the root was still the same directory once the last file was measured: a check
+  before reading proves nothing a check after does not), and on every error path before the error is reported.
 - Symlinks: a link is measured by the bytes of the file it points to when that file is inside the workspace;
   a link (or a path through a linked directory) that resolves outside the workspace is refused
   (``invalid_path``); a dangling link is an absent file. Enumeration never descends into linked directories.
@@ -216,7 +218,15 @@ class Measurer:
 
         Exact entries are listed whether or not they exist; enumerated ones existed when listed.
         """
+        try:
+            listed = self._expand(entries)
+        except BoundaryError:
+            self.check_root()  # a lost root is reported as such, never as the symptom it caused
+            raise
         self.check_root()
+        return listed
+
+    def _expand(self, entries: Iterable[Any]) -> tuple[list[str], frozenset[str]]:
         budget = _Budget(self.entry_budget)
         exact: set[str] = set()
         found: set[str] = set()
@@ -245,8 +255,7 @@ class Measurer:
             try:
                 st = os.stat(top)
             except FileNotFoundError:
-                self.check_root()
-                return
+                return  # zero matches, trusted once the caller has checked the root after the walk
             if stat_mod.S_ISREG(st.st_mode):
                 out.add(base)
                 return
@@ -258,8 +267,7 @@ class Measurer:
                 it = os.scandir(os.path.join(self._root_s, rel) if rel else self._root_s)
             except (FileNotFoundError, NotADirectoryError) as exc:
                 if first:
-                    self.check_root()
-                    return  # a missing glob root or tree is zero matches
+                    return  # a missing glob root or tree is zero matches (the caller checks the root after)
                 raise self._gone(rel, exc) from exc
             except OSError as exc:
                 raise self._unreadable(rel, exc) from exc
@@ -291,7 +299,12 @@ class Measurer:
     def measure_entries(self, entries: Iterable[Any]) -> dict[str, FileState | None]:
         """``{path: FileState | None}`` sorted by path for every file the entries name (``None``: a declared
         exact path that does not exist)."""
-        paths, required = self.expand(entries)
+        try:
+            paths, required = self._expand(entries)
+        except BoundaryError:
+            self.check_root()
+            raise
+        # measure_paths checks the root after the last file: one check covers enumeration and hashing.
         return self.measure_paths(paths, required=required)
 
     def measure_paths(
@@ -299,7 +312,6 @@ class Measurer:
     ) -> dict[str, FileState | None]:
         """Hash normalised workspace-relative ``paths`` in parallel. A path in ``required`` (or every path
         when ``required=True``) that has vanished is ``changed_during_measurement``; others become ``None``."""
-        self.check_root()
         req: frozenset[str] | bool = required if isinstance(required, bool) else frozenset(required)
         ordered = sorted(set(paths))
 
@@ -323,8 +335,13 @@ class Measurer:
                         to_hash, pool.map(lambda a: self._hash(*a), to_hash), strict=True
                     ):
                         results[rel] = st
+        except BoundaryError:
+            self.check_root()  # a lost root is reported as such, never as the symptom it caused
+            raise
         finally:
             self._save_cache()
+        # The one root check of this call: an absence (or any state) is returned only if the root is still the
+        # same directory after the last file was read.
         self.check_root()
         return {rel: results[rel] for rel in ordered}
 
@@ -351,8 +368,7 @@ class Measurer:
     def _absent(self, rel: str, required: bool, exc: BaseException) -> FileState | None:
         if required:
             raise self._gone(rel, exc)
-        self.check_root()
-        return None
+        return None  # trusted only once measure_paths has checked the root after the last file
 
     def _probe(self, rel: str, required: bool, checked_dirs: set[str]) -> FileState | None | object:
         """Stat ``rel``: its cached state, ``None`` (absent), or ``_MISS`` when it must be hashed."""

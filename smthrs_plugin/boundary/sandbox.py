@@ -11,6 +11,11 @@ Invariants (seed: concepts/workspace-transactions)
   ctime_ns, inode, mode) is untouched; before the body starts we wait until the filesystem clock has moved past
   every seeded file's ctime (git's racy-clean problem, solved by waiting one tick), so any write by the body
   changes ctime. Touched files are re-hashed: rewriting identical bytes is not a change.
+  A small seeded tree (at most ``_REHASH_ALL_BYTES`` of seeded file bytes) skips both the wait and the lstat
+  shortcut: EVERY regular file present after the body is re-hashed and compared by content and mode with what
+  was seeded. That is the very definition of "changed" the shortcut approximates (identical bytes are not a
+  change either way), it depends on no clock, and it costs less than the tick it replaces (a jiffy, often
+  several ms). Links are compared by target and presence by the path maps in both cases.
 - Only this module sets ``whole_tree_writes_verified`` (the whole tree was diffed) and
   ``hermetic_reads_verified`` (hermetic mode: only declared reads existed).
 - Copy-back is a compare-and-set: outputs are staged (copied, never hard-linked, and re-verified), then the real
@@ -50,6 +55,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SandboxMode = Literal["hermetic", "whole-tree"]
 EXCLUDED_FROM_COPY = (".smthrs", ".git", ".venv")
+#: Seeded trees up to this many file bytes are compared by content after the body instead of waiting for the
+#: filesystem clock to tick (hashing 1 MiB costs about what the shortest tick does).
+_REHASH_ALL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -109,9 +117,11 @@ def run_in_sandbox(
         else:
             box.seed_whole_tree(prepared)
         pre = box.manifest_after_seed()
-        _wait_for_clock_tick(parent, pre)
+        rehash_all = sum(snap.ident[0] for snap in pre.values() if snap.kind == "file") <= _REHASH_ALL_BYTES
+        if not rehash_all:
+            _wait_for_clock_tick(parent, pre)
         value = body(sroot)
-        states, present, changed, deleted = box.diff(pre)
+        states, present, changed, deleted = box.diff(pre, rehash_all=rehash_all)
         classified = classify(declaration, present, changed, deleted)
         refuse_hard(declaration, classified.deviations)
         evidence = build_evidence(
@@ -228,8 +238,12 @@ class _Box:
                 pre[rel] = _Snap("file", _ident(st), self.copied[rel], stat_mod.S_IMODE(st.st_mode))
         return pre
 
-    def diff(self, pre: dict[str, _Snap]) -> tuple[dict[str, FileState], set[str], set[str], set[str]]:
-        """``(states of regular files, present paths, changed paths, deleted paths)`` of the whole tree."""
+    def diff(
+        self, pre: dict[str, _Snap], *, rehash_all: bool = False
+    ) -> tuple[dict[str, FileState], set[str], set[str], set[str]]:
+        """``(states of regular files, present paths, changed paths, deleted paths)`` of the whole tree.
+
+        ``rehash_all``: trust no lstat identity (no clock tick was waited for): hash every regular file."""
         if not self.sroot.is_dir():
             raise BoundaryError(
                 "unsupported_boundary", "the step removed its own sandbox root; nothing can be settled"
@@ -244,7 +258,7 @@ class _Box:
                 if old is None or old.kind != "link" or old.content != os.readlink(self.sroot / rel):
                     changed.add(rel)
             elif stat_mod.S_ISREG(st.st_mode):
-                if old is not None and old.kind == "file" and old.ident == _ident(st):
+                if not rehash_all and old is not None and old.kind == "file" and old.ident == _ident(st):
                     states[rel] = FileState(old.content, st.st_size, old.mode)
                 else:
                     to_hash.append(rel)
@@ -257,13 +271,17 @@ class _Box:
                 st = os.fstat(f.fileno())
                 return rel, FileState(sha256_file(f), st.st_size, stat_mod.S_IMODE(st.st_mode))
 
-        if to_hash:
+        hashed: list[tuple[str, FileState]] = []
+        if len(to_hash) == 1:
+            hashed.append(one(to_hash[0]))  # no pool for one small file (the common hermetic step)
+        elif to_hash:
             with ThreadPoolExecutor(max_workers=min(self.workers, len(to_hash))) as pool:
-                for rel, fs in pool.map(one, to_hash):
-                    states[rel] = fs
-                    old = pre.get(rel)
-                    if old is None or old.kind != "file" or old.content != fs.digest or old.mode != fs.mode:
-                        changed.add(rel)
+                hashed.extend(pool.map(one, to_hash))
+        for rel, fs in hashed:
+            states[rel] = fs
+            old = pre.get(rel)
+            if old is None or old.kind != "file" or old.content != fs.digest or old.mode != fs.mode:
+                changed.add(rel)
         deleted = set(pre) - set(post)
         return states, set(post), changed, deleted
 

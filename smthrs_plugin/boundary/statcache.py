@@ -3,7 +3,8 @@
 Invariant: a pure cache. An entry is trusted only when the current stat is identical AND the entry is not
 *racily clean* — a file whose mtime or ctime lies within ``racy_window_ns`` of the moment its entry was recorded
 may have been rewritten within the same timestamp tick after it was hashed, so it is hashed again (git,
-Documentation/technical/racy-git.txt). Persisted as JSON (atomic temp + rename); a corrupt file is dropped
+Documentation/technical/racy-git.txt). Persisted as JSON (atomic temp + rename) when a trustworthy entry was
+recorded (a racily clean one could never be trusted after a reload either); a corrupt file is dropped
 with a warning and rebuilt, never trusted. Concurrent processes may overwrite each other's saves: that only
 costs re-hashing, never a wrong digest.
 """
@@ -98,15 +99,23 @@ class StatCache:
         ):
             return None
         # racily clean: recorded too soon after the last change to rule out a same-tick rewrite
-        if max(e[1], e[3]) + self.racy_window_ns > e[5]:
+        if self._racy(e):
             return None
         return e[4]
 
     def record(self, path: str, st: os.stat_result, digest: str, recorded_ns: int) -> None:
         """Remember ``digest`` for ``st``; ``recorded_ns`` is the clock read *before* the file was opened."""
+        entry = (*identity(st), digest, recorded_ns)
         with self._lock:
-            self._load()[path] = (*identity(st), digest, recorded_ns)
-            self._dirty = True
+            self._load()[path] = entry
+            if not self._racy(entry):
+                self._dirty = True
+            # A racily clean entry is never trusted, now or after a reload (the rule reads only the entry's own
+            # fields), so persisting it would rewrite the file for nothing: a file measured again and again
+            # within the window of its last change (a re-run right after a build) costs no save per measurement.
+
+    def _racy(self, e: tuple[int, int, int, int, str, int]) -> bool:
+        return max(e[1], e[3]) + self.racy_window_ns > e[5]
 
     def __len__(self) -> int:
         with self._lock:

@@ -208,7 +208,9 @@ class CacheDispatcher:
             raise _invalid(
                 f"request.components must be plain JSON data (they are stored for explain): {exc}"
             ) from exc
-        if Path(request.workspace).resolve() != self.workspace:
+        ws = Path(request.workspace)
+        # The same path as the (resolved) dispatcher workspace needs no realpath walk; anything else is resolved.
+        if ws != self.workspace and ws.resolve() != self.workspace:
             raise _invalid(
                 f"request workspace {request.workspace} is not this dispatcher's workspace {self.workspace};"
                 " use one dispatcher per workspace",

@@ -50,6 +50,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _T = step_cache
+# The lookup of every hit, built once: SQLAlchemy then reuses its memoized cache key and compiled form instead of
+# re-coercing a fresh select per call.
+_LOOKUP = sa.select(_T.c.entry_json, _T.c.last_used_at_ms).where(
+    _T.c.key_digest == sa.bindparam("name"), _T.c.invalidated_at_ms.is_(None), _T.c.scope == "shared"
+)
 _PAGE = 200
 
 
@@ -171,13 +176,7 @@ class LocalTier:
     def lookup(self, key: str) -> LocalLookup:
         """The valid shared-scope row of ``key``: decoded and verified, undecodable, or None (absent/invalidated)."""
         name = key_digest(key)
-        row = self.db.read(
-            lambda c: c.execute(
-                sa.select(_T.c.entry_json, _T.c.last_used_at_ms).where(
-                    _T.c.key_digest == name, _T.c.invalidated_at_ms.is_(None), _T.c.scope == "shared"
-                )
-            ).first()
-        )
+        row = self.db.read(lambda c: c.execute(_LOOKUP, {"name": name}).first())
         if row is None:
             return None
         decoded = decode_entry(row.entry_json, name=name)

@@ -17,7 +17,6 @@ Prior art: the reference's attempt rows ("attempts and replay"), Temporal's acti
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -26,11 +25,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from .._clock import SYSTEM_CLOCK, Clock
-from ..canonical import canonical_bytes, is_key, key_digest
-from ..errors import CanonicalError, StoreError
+from ..canonical import is_key, key_digest
+from ..errors import StoreError
 from ..stores.database import Database
 from ..stores.schema import ATTEMPT_STATES, attempts
 from .fence import OwnerId, assert_owner
+from .run_records import Undecodable, json_column, json_text
 
 __all__ = ["AttemptStore", "AttemptRecord", "AttemptStarted", "AttemptCompleted", "AttemptFailed"]
 
@@ -74,10 +74,6 @@ class AttemptFailed:
     attempt: int
 
 
-class _Undecodable(Exception):
-    pass
-
-
 class AttemptStore:
     """Fenced attempt lifecycle over the ``attempts`` table."""
 
@@ -90,7 +86,7 @@ class AttemptStore:
     ) -> AttemptStarted:
         """Start the next attempt of ``key`` in ``run_id`` (fenced)."""
         digest = _digest(key)
-        meta_json = _json_or_none("meta", meta)
+        meta_json = json_text("meta", meta)
 
         def fn(conn: Connection) -> AttemptStarted:
             assert_owner(conn, run_id, owner)
@@ -122,8 +118,8 @@ class AttemptStore:
         self, run_id: str, owner: OwnerId, key: str, attempt: int, *, result: Any = None, meta: Any = None
     ) -> AttemptCompleted:
         """Settle a started attempt as completed with ``result`` (fenced)."""
-        result_json = _json_or_none("result", result)
-        meta_json = _json_or_none("meta", meta)
+        result_json = json_text("result", result)
+        meta_json = json_text("meta", meta)
         extra = {"result_json": result_json} | ({"meta_json": meta_json} if meta is not None else {})
         self._settle(run_id, owner, key, attempt, "completed", extra)
         return AttemptCompleted(run_id, _digest(key), attempt)
@@ -132,8 +128,8 @@ class AttemptStore:
         self, run_id: str, owner: OwnerId, key: str, attempt: int, *, error: Any = None, meta: Any = None
     ) -> AttemptFailed:
         """Settle a started attempt as failed with ``error`` (fenced)."""
-        error_json = _json_or_none("error", error)
-        meta_json = _json_or_none("meta", meta)
+        error_json = json_text("error", error)
+        meta_json = json_text("meta", meta)
         extra = {"error_json": error_json} | ({"meta_json": meta_json} if meta is not None else {})
         self._settle(run_id, owner, key, attempt, "failed", extra)
         return AttemptFailed(run_id, _digest(key), attempt)
@@ -182,7 +178,7 @@ class AttemptStore:
             return None
         try:
             return _decode(row)
-        except _Undecodable as exc:
+        except Undecodable as exc:
             raise StoreError(
                 "decode_failed",
                 f"attempt {row.attempt} of {key} in run {run_id!r} does not decode ({exc}); the row is corrupt",
@@ -197,7 +193,7 @@ class AttemptStore:
         for row in self.db.read(lambda c: c.execute(q).all()):
             try:
                 out.append(_decode(row))
-            except _Undecodable as exc:
+            except Undecodable as exc:
                 log.warning(
                     "storage integrity: skipping undecodable attempts row (%r, %r, %d): %s",
                     row.run_id, row.key_digest, row.attempt, exc,
@@ -213,29 +209,9 @@ def _digest(key: str) -> str:
     return key_digest(key)
 
 
-def _json_or_none(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return canonical_bytes(value).decode("utf-8")
-    except CanonicalError as exc:
-        raise StoreError(
-            "invalid_argument", f"{name} is not plain JSON data: {exc.message}", cause=exc
-        ) from exc
-
-
-def _json(text: Any, what: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise _Undecodable(f"{what} is not valid JSON") from exc
-
-
 def _decode(row: Row[Any]) -> AttemptRecord:
     if row.state not in ATTEMPT_STATES:
-        raise _Undecodable(f"unknown state {row.state!r}")
+        raise Undecodable(f"unknown state {row.state!r}")
     return AttemptRecord(
         run_id=row.run_id,
         key=row.key,
@@ -246,7 +222,7 @@ def _decode(row: Row[Any]) -> AttemptRecord:
         owner_nonce=row.owner_nonce,
         started_at_ms=int(row.started_at_ms),
         finished_at_ms=row.finished_at_ms,
-        meta=_json(row.meta_json, "meta"),
-        result=_json(row.result_json, "result"),
-        error=_json(row.error_json, "error"),
+        meta=json_column(row.meta_json, "meta"),
+        result=json_column(row.result_json, "result"),
+        error=json_column(row.error_json, "error"),
     )

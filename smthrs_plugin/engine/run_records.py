@@ -13,11 +13,21 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
-from ..errors import StoreError
+from ..canonical import canonical_bytes
+from ..errors import CanonicalError, StoreError
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES
 from .fence import OwnerId
 
-__all__ = ["RunRecord", "Waiting", "CancelAck", "Undecodable", "decode_run", "decode_run_or_raise"]
+__all__ = [
+    "RunRecord",
+    "Waiting",
+    "CancelAck",
+    "Undecodable",
+    "decode_run",
+    "decode_run_or_raise",
+    "json_column",
+    "json_text",
+]
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ class RunRecord:
 
 
 class Undecodable(Exception):
-    """A stored run row is not self-consistent."""
+    """A stored row (run, attempt) is not self-consistent."""
 
 
 def decode_run_or_raise(row: Row[Any]) -> RunRecord:
@@ -92,7 +102,21 @@ def _owner(host: Any, pid: Any, nonce: Any, what: str) -> OwnerId | None:
     return OwnerId(str(host), int(pid), str(nonce))
 
 
-def _json(text: Any, what: str) -> Any:
+def json_text(name: str, value: Any) -> str | None:
+    """Canonical JSON text of a nullable column value; ``StoreError(invalid_argument)`` before any write when
+    ``value`` is not plain JSON data."""
+    if value is None:
+        return None
+    try:
+        return canonical_bytes(value).decode("utf-8")
+    except CanonicalError as exc:
+        raise StoreError(
+            "invalid_argument", f"{name} is not plain JSON data: {exc.message}", cause=exc
+        ) from exc
+
+
+def json_column(text: Any, what: str) -> Any:
+    """Decode a nullable JSON text column; ``Undecodable`` names the column when it is not JSON."""
     if text is None:
         return None
     try:
@@ -138,6 +162,6 @@ def decode_run(row: Row[Any]) -> RunRecord:
         waiting=waiting,
         started_at_ms=row.started_at_ms,
         finished_at_ms=row.finished_at_ms,
-        result=_json(row.result_json, "result"),
-        error=_json(row.error_json, "error"),
+        result=json_column(row.result_json, "result"),
+        error=json_column(row.error_json, "error"),
     )

@@ -37,14 +37,22 @@ from sqlalchemy.engine import Connection, Row
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
-from ..errors import CanonicalError, StoreError
+from ..errors import StoreError
 from ..stores.database import Database
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, run_tombstones, runs
 from .facts import execution_fact
 from .fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT, OwnerId, assert_owner, bump_run
 from .journal import Journal
 from .run_dag import ParentExisting, ParentRecorded, RunEdge, cycle_error, edges, record_parent
-from .run_records import CancelAck, RunRecord, Undecodable, Waiting, decode_run, decode_run_or_raise
+from .run_records import (
+    CancelAck,
+    RunRecord,
+    Undecodable,
+    Waiting,
+    decode_run,
+    decode_run_or_raise,
+    json_text,
+)
 
 __all__ = [
     "RunStore",
@@ -307,8 +315,8 @@ class RunStore:
             raise StoreError(
                 "invalid_argument", f"finish() needs a terminal status {sorted(TERMINAL_STATUSES)}"
             )
-        result_json = _json_or_none("result", result)
-        error_json = _json_or_none("error", error)
+        result_json = json_text("result", result)
+        error_json = json_text("error", error)
 
         def fn(conn: Connection) -> Settled | Cancelled:
             fence = assert_owner(conn, run_id, owner)
@@ -507,14 +515,3 @@ def _check_id(name: str, value: Any) -> None:
             "invalid_argument",
             f"{name} must be a non-empty string of at most {_MAX_ID} characters without NUL",
         )
-
-
-def _json_or_none(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return canonical_bytes(value).decode("utf-8")
-    except CanonicalError as exc:
-        raise StoreError(
-            "invalid_argument", f"{name} is not plain JSON data: {exc.message}", cause=exc
-        ) from exc
