@@ -17,8 +17,9 @@ Invariants
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 from ..errors import ControlError
 from .identity import JSON
@@ -75,16 +76,17 @@ def _members(
     return data
 
 
+_R = TypeVar("_R", bound="_ReceiptRef")
+
+
 @dataclass(frozen=True)
-class Accepted:
-    """This call admitted the mutation. ``run_id`` is present when a run exists."""
+class _ReceiptRef:
+    """The shape Accepted and AlreadyApplied share: a receipt id and, when a run exists, its id."""
 
     receipt_id: str
     run_id: str | None = None
 
-    type: ClassVar[str] = "Accepted"
-    label: ClassVar[str] = "accepted"  # metrics/journal label (snake_case)
-    recorded: ClassVar[bool] = True
+    type: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         _text(self.receipt_id, "receipt_id")
@@ -98,10 +100,19 @@ class Accepted:
         return out
 
     @classmethod
-    def from_dict(cls, data: object) -> Accepted:
+    def from_dict(cls: builtins.type[_R], data: object) -> _R:
         """Inverse of :meth:`to_dict`; :class:`ControlError` ``invalid_receipt`` otherwise."""
         d = _members(data, cls.type, {"receiptId"}, frozenset({"runId"}))
         return cls(receipt_id=d["receiptId"], run_id=d.get("runId"))
+
+
+@dataclass(frozen=True)
+class Accepted(_ReceiptRef):
+    """This call admitted the mutation. ``run_id`` is present when a run exists."""
+
+    type: ClassVar[str] = "Accepted"
+    label: ClassVar[str] = "accepted"  # metrics/journal label (snake_case)
+    recorded: ClassVar[bool] = True
 
     def replayed(self) -> AlreadyApplied:
         """What a matching retry under the same key answers."""
@@ -109,32 +120,12 @@ class Accepted:
 
 
 @dataclass(frozen=True)
-class AlreadyApplied:
+class AlreadyApplied(_ReceiptRef):
     """An earlier call under this key admitted the mutation; carries the same ``receipt_id`` and ``run_id``."""
-
-    receipt_id: str
-    run_id: str | None = None
 
     type: ClassVar[str] = "AlreadyApplied"
     label: ClassVar[str] = "already_applied"
     recorded: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        _text(self.receipt_id, "receipt_id")
-        _optional_text(self.run_id, "run_id")
-
-    def to_dict(self) -> dict[str, JSON]:
-        """Wire form; ``runId`` is omitted (not ``null``) when there is no run."""
-        out: dict[str, JSON] = {"_tag": self.type, "receiptId": self.receipt_id}
-        if self.run_id is not None:
-            out["runId"] = self.run_id
-        return out
-
-    @classmethod
-    def from_dict(cls, data: object) -> AlreadyApplied:
-        """Inverse of :meth:`to_dict`."""
-        d = _members(data, cls.type, {"receiptId"}, frozenset({"runId"}))
-        return cls(receipt_id=d["receiptId"], run_id=d.get("runId"))
 
     def replayed(self) -> AlreadyApplied:
         """A replay of a replay is itself."""
