@@ -208,6 +208,7 @@ def current_run() -> RunContext:
         raise WaitError(
             "no_run_context",
             "durable waits need a driven run: call sp.sleep/sp.wait_for inside a flow registered with a RunDriver "
-            "(smthrs worker), a plan node, or a @step flow — not at module level or in a plain function",
+            "(smthrs worker) or inside a plan node — not at module level or in a plain function. Prefect @flow "
+            "bodies do not carry a durable run context yet: use a plan timer node (wait:) there",
         )
     return ctx
