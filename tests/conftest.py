@@ -5,6 +5,7 @@
 - ``s3_endpoint`` / ``s3_bucket`` — moto's real S3 HTTP server on 127.0.0.1 (one per session), a fresh bucket per
   test.
 - ``artifacts_url`` — parametrized over ``file://``, ``memory://`` and ``s3://``.
+- ``db`` (an opened ``db_url``), ``clock`` (a ``ManualClock``) and ``journal`` over them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from smthrs_plugin._clock import ManualClock
+from smthrs_plugin.engine.journal import Journal
+from smthrs_plugin.stores.database import Database, open_database
 
 # Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md).
 _PREFECT_HOME = tempfile.mkdtemp(prefix="smthrs-prefect-home-")
@@ -65,7 +70,9 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     if not POSTGRES_URL:
-        pytest.skip("PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)")
+        pytest.skip(
+            "PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)"
+        )
     url, name = _fresh_postgres_database(POSTGRES_URL)
     yield url
     _drop_postgres_database(POSTGRES_URL, name)
@@ -78,10 +85,31 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{(tmp_path / 'state.db').as_posix()}"
         return
     if not POSTGRES_URL:
-        pytest.skip("PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)")
+        pytest.skip(
+            "PostgreSQL not configured: set SMTHRS_TEST_POSTGRES_URL (.ci/run starts a private cluster)"
+        )
     url, name = _fresh_postgres_database(POSTGRES_URL)
     yield url
     _drop_postgres_database(POSTGRES_URL, name)
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    """A migrated, empty database on each SQL backend (closed after the test)."""
+    database = open_database(db_url)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock, so tests choose time instead of sleeping."""
+    return ManualClock()
+
+
+@pytest.fixture
+def journal(db: Database, clock: ManualClock) -> Journal:
+    return Journal(db, clock=clock)
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +132,9 @@ def s3_bucket(s3_endpoint: str) -> str:
     import s3fs
 
     name = "smthrs-" + uuid.uuid4().hex[:12]
-    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=s3_endpoint, skip_instance_cache=True)
+    fs = s3fs.S3FileSystem(
+        key="testing", secret="testing", endpoint_url=s3_endpoint, skip_instance_cache=True
+    )
     fs.mkdir(name)
     return name
 

@@ -30,15 +30,8 @@ from smthrs_plugin.engine.runs import RunStore
 from smthrs_plugin.errors import FenceLost
 from smthrs_plugin.settings import load_settings
 from smthrs_plugin.stores.artifacts import ArtifactStore
-from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.stores.database import Database
 from smthrs_plugin.stores.schema import step_cache
-
-
-@pytest.fixture
-def db(db_url: str) -> Any:
-    database = open_database(db_url)
-    yield database
-    database.close()
 
 
 def _entry(k: str, value: Any, *, subject: str = "s", scope: str = "shared", run: str = "r1") -> CacheEntry:

@@ -4,21 +4,12 @@ the real runtime and scheduler for plan runs, real processes for the CLI and cra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from _control_support import RecordingLauncher
 
 from smthrs_plugin.control.control import Control
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores.database import Database, open_database
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = open_database(db_url)
-    yield database
-    database.close()
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture

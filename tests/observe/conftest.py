@@ -4,31 +4,12 @@ stores that write what the observation APIs read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.stores.database import Database, open_database
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = open_database(db_url)
-    yield database
-    database.close()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def journal(db: Database, clock: ManualClock) -> Journal:
-    return Journal(db, clock=clock)
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture

@@ -3,27 +3,13 @@ clock, and the engine stores built on them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.engine.runs import RunStore
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores.database import Database, open_database
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = open_database(db_url)
-    yield database
-    database.close()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture
@@ -32,11 +18,6 @@ def settings() -> Settings:
     return load_settings(
         stale_after_s=30.0, skew_allowance_s=10.0, heartbeat_interval_s=1.0, host_id="host-a"
     )
-
-
-@pytest.fixture
-def journal(db: Database, clock: ManualClock) -> Journal:
-    return Journal(db, clock=clock)
 
 
 @pytest.fixture

@@ -4,22 +4,13 @@ threads, real processes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.engine.runs import RunStore
 from smthrs_plugin.engine.waits import WaitStore
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores.database import Database, open_database
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = open_database(db_url)
-    yield database
-    database.close()
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture
