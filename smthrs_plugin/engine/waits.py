@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
@@ -107,8 +107,23 @@ def _check_limit(limit: Any) -> int:
     return limit
 
 
+T = TypeVar("T")
+
+
 def _skip(table: str, key: Any, exc: Exception) -> None:
     log.warning("storage integrity: skipping undecodable %s row %r: %s", table, key, exc)
+
+
+def _decode_listed(rows: Iterable[Row[Any]], decode: Callable[[Row[Any]], T], table: str) -> list[T]:
+    """A list read's rows, decoded; an undecodable row is skipped with one warning naming its address
+    (flow, execution id, name), so one bad row never hides the others (point reads fail instead)."""
+    out: list[T] = []
+    for row in rows:
+        try:
+            out.append(decode(row))
+        except Undecodable as exc:
+            _skip(table, (row.flow, row.execution_id, row.name), exc)
+    return out
 
 
 class WaitStore:
@@ -250,13 +265,8 @@ class WaitStore:
         if after is not None:
             q = q.where(sa.tuple_(_d.execution_id, _d.name) > sa.tuple_(*after))
         q = q.order_by(_d.execution_id, _d.name).limit(limit)
-        out: list[DeferredRecord] = []
-        for row in self.db.read(lambda c: c.execute(q).all()):
-            try:
-                out.append(decode_deferred(row))
-            except Undecodable as exc:
-                _skip("deferred_completions", (row.flow, row.execution_id, row.name), exc)
-        return out
+        rows = self.db.read(lambda c: c.execute(q).all())
+        return _decode_listed(rows, decode_deferred, "deferred_completions")
 
     # -- clocks ----------------------------------------------------------------------------------------------
     def schedule_clock(
@@ -405,13 +415,8 @@ class WaitStore:
         if after is not None:
             q = q.where(sa.tuple_(_k.due_at_ms, _k.flow, _k.execution_id, _k.name) > sa.tuple_(*after))
         q = q.order_by(_k.due_at_ms, _k.flow, _k.execution_id, _k.name).limit(limit)
-        out: list[ClockRecord] = []
-        for row in self.db.read(lambda c: c.execute(q).all()):
-            try:
-                out.append(decode_clock(row))
-            except Undecodable as exc:
-                _skip("clock_deadlines", (row.flow, row.execution_id, row.name), exc)
-        return out
+        rows = self.db.read(lambda c: c.execute(q).all())
+        return _decode_listed(rows, decode_clock, "clock_deadlines")
 
     # -- park / wake -----------------------------------------------------------------------------------------
     def park(
