@@ -8,6 +8,7 @@ timer.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -26,6 +27,10 @@ DbOption = Annotated[
     typer.Option("--db", help="Database URL (default: SMTHRS_DB_URL, else <workspace>/.smthrs/state.db)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+WorkspaceOption = Annotated[
+    Path | None,
+    typer.Option("--workspace", help="Workspace directory (default: SMTHRS_WORKSPACE, else the cwd)."),
+]
 
 
 def db_url(db: str | None) -> str:

@@ -18,7 +18,7 @@ import typer
 
 from ..errors import SmthrsError
 from ..settings import load_settings
-from ._common import EXIT_FAILED, DbOption, JsonOption
+from ._common import EXIT_FAILED, DbOption, JsonOption, WorkspaceOption
 from ._common import done as _done
 from ._common import refuse as _refuse
 
@@ -53,10 +53,6 @@ SharedOption = Annotated[
     typer.Option(
         "--shared", help="Shared tier URL when it differs from --artifacts (default: the artifact store)."
     ),
-]
-WorkspaceOption = Annotated[
-    Path | None,
-    typer.Option("--workspace", help="Workspace directory (default: SMTHRS_WORKSPACE, else the cwd)."),
 ]
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
 from smthrs_plugin.cli._control_support import (
     PlanLauncher,
     answer,
@@ -39,10 +40,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["register", "plan_command", "approve_command", "deny_command", "resume_command", "cancel_command"]
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-DbOpt = Annotated[str | None, typer.Option("--db", help="Database URL (default: SMTHRS_DB_URL).")]
-WorkspaceOpt = Annotated[
-    Path | None, typer.Option("--workspace", help="Workspace root (default: SMTHRS_WORKSPACE, else cwd).")
+JsonOpt = JsonOption
+DbOpt = DbOption
+WorkspaceOpt = WorkspaceOption
+TargetArg = Annotated[str, typer.Argument(help="A plan id, or a run id with --request.", show_default=False)]
+RequestOpt = Annotated[str | None, typer.Option("--request", help="The node request of a run.")]
+DigestOpt = Annotated[
+    str | None, typer.Option("--digest", help="The digest you reviewed (refused if stale).")
 ]
 AsOpt = Annotated[
     str | None, typer.Option("--as", help="The deciding principal ID/KIND (default: local/operator).")
@@ -203,11 +207,9 @@ def _decide(
 
 
 def approve_command(
-    ident: Annotated[str, typer.Argument(help="A plan id, or a run id with --request.", show_default=False)],
-    request: Annotated[str | None, typer.Option("--request", help="The node request of a run.")] = None,
-    digest: Annotated[
-        str | None, typer.Option("--digest", help="The digest you reviewed (refused if stale).")
-    ] = None,
+    ident: TargetArg,
+    request: RequestOpt = None,
+    digest: DigestOpt = None,
     scope: Annotated[
         str | None, typer.Option("--scope", help="once | run | remembered (default run).")
     ] = None,
@@ -222,11 +224,9 @@ def approve_command(
 
 
 def deny_command(
-    ident: Annotated[str, typer.Argument(help="A plan id, or a run id with --request.", show_default=False)],
-    request: Annotated[str | None, typer.Option("--request", help="The node request of a run.")] = None,
-    digest: Annotated[
-        str | None, typer.Option("--digest", help="The digest you reviewed (refused if stale).")
-    ] = None,
+    ident: TargetArg,
+    request: RequestOpt = None,
+    digest: DigestOpt = None,
     as_: AsOpt = None,
     key: KeyOpt = None,
     workspace: WorkspaceOpt = None,

@@ -26,6 +26,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
 from smthrs_plugin.engine.context import RunCancelled, RunParked
 from smthrs_plugin.errors import SmthrsError
 
@@ -73,11 +74,9 @@ def run_plan_file(
         int | None, typer.Option("--steps", help="Cap on nodes in flight (default unbounded).")
     ] = None,
     agents: Annotated[int | None, typer.Option("--agents", help="Cap on agent nodes in flight.")] = None,
-    workspace: Annotated[
-        Path | None, typer.Option("--workspace", help="Workspace root (default: SMTHRS_WORKSPACE, else cwd).")
-    ] = None,
-    db: Annotated[str | None, typer.Option("--db", help="Database URL (default: SMTHRS_DB_URL).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    workspace: WorkspaceOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
     prefect: Annotated[
         bool,
         typer.Option(
