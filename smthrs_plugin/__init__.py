@@ -4,8 +4,8 @@ A content-addressed step cache keyed on the bytes of declared inputs, step bound
 approval gates and durable waits, with artifacts stored through fsspec (local disk and S3 alike).
 
 This module is the public face: everything a flow author, a data team or a CI job needs is importable from here.
-Prefect-backed names (``step``, ``Step``, ``step_settings``, ``PrefectHost``, ``run_plan_in_flow``) load on first
-use, so ``import smthrs_plugin`` (and ``smthrs --help``) never pays for importing Prefect.
+Prefect-backed names (``step``, ``Step``, ``step_settings``, ``PrefectHost``, ``run_plan_in_flow``,
+``durable_run``) load on first use, so ``import smthrs_plugin`` (and ``smthrs --help``) never pays for importing Prefect.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ from .stores.database import open_database
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hosts._steprun import step_settings
+    from .hosts.flows import durable_run
     from .hosts.prefect import PrefectHost, run_plan_in_flow
     from .hosts.step import Step, step
 
@@ -107,6 +108,7 @@ _LAZY = {
     "step_settings": ("hosts._steprun", "step_settings"),
     "PrefectHost": ("hosts.prefect", "PrefectHost"),
     "run_plan_in_flow": ("hosts.prefect", "run_plan_in_flow"),
+    "durable_run": ("hosts.flows", "durable_run"),
 }
 
 
@@ -126,7 +128,7 @@ __all__ = [
     # runtime, scheduler, hosts
     "Runtime", "open_runtime", "PlanScheduler", "Report", "Settlement", "NodeInput", "DefaultReconciler",
     "Reorder", "FactorOut", "Fail", "InlineHost", "LocalHost", "Workspace",
-    "step", "Step", "step_settings", "PrefectHost", "run_plan_in_flow",
+    "step", "Step", "step_settings", "PrefectHost", "run_plan_in_flow", "durable_run",
     # stores, cache, boundary
     "open_database", "OwnerId", "ArtifactStore", "Declaration", "CacheDispatcher", "DispatchRequest",
     "DispatchResult",

@@ -271,10 +271,14 @@ class InvalidInput(SmthrsError, ValueError):
 class WaitError(SmthrsError):
     """A durable wait was refused: ``no_run_context`` (``sp.sleep``/``sp.wait_for`` called outside a driven run),
     ``invalid_wait`` (a malformed deadline, duration, name or flow registration), ``unregistered_flow`` (a run
-    whose flow this process cannot drive)."""
+    whose flow this process cannot drive), ``unresumable_flow`` (a Prefect flow run that would park although no
+    driver could call it again: its parameters are not plain JSON), ``parameters_mismatch`` (a durable flow run
+    asked for again with other parameters than the ones it started with)."""
 
     family = "waits"
-    codes = _codes("no_run_context", "invalid_wait", "unregistered_flow")
+    codes = _codes(
+        "no_run_context", "invalid_wait", "unregistered_flow", "unresumable_flow", "parameters_mismatch"
+    )
 
 
 class PluginError(SmthrsError):

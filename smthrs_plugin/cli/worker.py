@@ -5,6 +5,7 @@ are woken at their deadlines, released and stale runs are taken over, cancellati
 
     smthrs worker --flow nightly=mypkg.flows:nightly [--plan release.yaml] [--budget S] [--max-runs N]
     smthrs worker --flow nightly=mypkg.flows:nightly --run r1 [--json]
+    smthrs worker --flow mypkg.flows:prefect_flow [--run r1]        # a Prefect @flow
 
 Invariants:
 
@@ -15,7 +16,9 @@ Invariants:
   an event; or released by SIGINT/SIGTERM: the run's next wait gives it back, a second signal interrupts at once)
   — the process may exit, any worker continues the run later — and 2 for a refused input (an unknown flow, a run
   held by another live owner).
-- ``--flow NAME=MODULE:FUNCTION`` registers ``FUNCTION(ctx)``; ``--plan PLAN.yaml`` registers the plan file's flow
+- ``--flow NAME=MODULE:FUNCTION`` registers ``FUNCTION(ctx)``; ``--flow MODULE:FLOW`` registers a Prefect ``@flow``
+  under ``prefect/<flow name>`` (``hosts/flows.py``: each drive is a new flow run bound to the run, called with
+  the parameters the run started with); ``--plan PLAN.yaml`` registers the plan file's flow
   (its runs are driven by the plan scheduler; settled nodes replay ``clean``, timer nodes keep their deadlines).
   A malformed spec is refused (exit 2) before anything is written.
 
@@ -48,15 +51,19 @@ def register(app: typer.Typer) -> None:
 
 
 def parse_flow_spec(spec: str) -> tuple[str, Any]:
-    """``NAME=MODULE:FUNCTION`` → (name, callable); ``WaitError(invalid_wait)`` otherwise. MODULE is imported
-    with the current directory on ``sys.path`` (as ``python -m`` would), so a flow file next to you just works."""
+    """``NAME=MODULE:FUNCTION`` → (name, callable); a Prefect ``@flow`` as ``[NAME=]MODULE:FLOW`` → its driver code
+    under ``prefect/<flow name>`` (NAME, when given, must be that name: it is the flow of the runs a direct call
+    of the flow parked). ``WaitError(invalid_wait)`` otherwise. MODULE is imported with the current directory on
+    ``sys.path`` (as ``python -m`` would), so a flow file next to you just works."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    name, eq, target = spec.partition("=")
+    name, eq, target = spec.partition("=") if "=" in spec else ("", "", spec)
     module, colon, attr = target.partition(":")
-    if not eq or not name or not colon or not module or not attr:
+    if not colon or not module or not attr or (eq and not name):
         raise WaitError(
-            "invalid_wait", f"--flow {spec!r}: write NAME=MODULE:FUNCTION (e.g. nightly=mypkg.flows:nightly)"
+            "invalid_wait",
+            f"--flow {spec!r}: write NAME=MODULE:FUNCTION (e.g. nightly=mypkg.flows:nightly), or MODULE:FLOW for a "
+            "Prefect @flow",
         )
     try:
         fn = getattr(importlib.import_module(module), attr)
@@ -66,6 +73,20 @@ def parse_flow_spec(spec: str) -> tuple[str, Any]:
         ) from exc
     if not callable(fn):
         raise WaitError("invalid_wait", f"--flow {spec!r}: {target!r} is not callable")
+    from smthrs_plugin.hosts.flows import flow_fn, flow_name, is_prefect_flow
+
+    if is_prefect_flow(fn):
+        own = flow_name(fn)
+        if name and name != own:
+            raise WaitError(
+                "invalid_wait",
+                f"--flow {spec!r}: a Prefect flow's runs belong to {own!r}; write --flow {target} (or {own}={target})",
+            )
+        return own, flow_fn(fn)
+    if not name:
+        raise WaitError(
+            "invalid_wait", f"--flow {spec!r}: {target!r} is not a Prefect flow; write NAME=MODULE:FUNCTION"
+        )
     return name, fn
 
 
@@ -106,7 +127,10 @@ def _refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
 
 def worker(
     flow: Annotated[
-        list[str] | None, typer.Option("--flow", help="Register NAME=MODULE:FUNCTION (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--flow", help="Register NAME=MODULE:FUNCTION, or MODULE:FLOW for a Prefect @flow (repeatable)."
+        ),
     ] = None,
     plan: Annotated[
         list[Path] | None, typer.Option("--plan", help="Register a plan file's flow (repeatable).")

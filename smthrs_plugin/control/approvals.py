@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import sha256_hex
-from ..engine.context import RunParked, current_run
+from ..engine.context import RunContext, RunParked, current_run
 from ..engine.fence import OwnerId, assert_owner
 from ..engine.journal import Journal, plan_partition
 from ..engine.waits import WaitStore
@@ -364,7 +364,7 @@ def _node_target(token: st.TokenRow) -> NodeTarget:
 # -- gates: what flow code and plan nodes call ------------------------------------------------------------------------
 
 
-def _gate(state: TokenState, run_id: str, request_id: str) -> Approved:
+def _gate(state: TokenState, run_id: str, request_id: str, ctx: RunContext | None = None) -> Approved:
     if isinstance(state, Approved):
         return state
     if isinstance(state, Denied):
@@ -376,7 +376,8 @@ def _gate(state: TokenState, run_id: str, request_id: str) -> Approved:
             request_id=request_id,
             principal=str(state.principal),
         )
-    raise RunParked(run_id, "approval", request_id, token=state.token_id)  # type: ignore[arg-type]
+    signal = RunParked(run_id, "approval", request_id, token=state.token_id)  # type: ignore[arg-type]
+    raise signal if ctx is None else ctx.parked(signal)
 
 
 def require_approval(
@@ -391,7 +392,7 @@ def require_approval(
     ctx = current_run()
     approvals = Approvals(ctx.waits.db, journal=ctx.waits.journal, waits=ctx.waits, clock=ctx.clock)
     state = approvals.register(ctx.run_id, request_id, digest=digest, envelope=envelope, owner=ctx.owner)
-    return _gate(state, ctx.run_id, request_id)
+    return _gate(state, ctx.run_id, request_id, ctx)
 
 
 def gate_spec(node_id: str, spec: object) -> tuple[str, Envelope]:

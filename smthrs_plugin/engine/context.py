@@ -18,6 +18,12 @@ Invariants:
   them and parks, cancels or releases the run.
 - The in-process wait budget is per drive and cumulative: every in-process wait spends from it, and a wait that
   cannot finish within what is left parks the run instead (so the process may exit).
+- A wait parks by raising ``ctx.parked(RunParked(...))``: the host that owns the run may turn the signal into its
+  own (a Prefect flow run raises one that is also Prefect's ``Pause``, so Prefect shows the flow run *Paused*
+  instead of *Crashed*); whatever it returns is still a :class:`RunParked`.
+- Where the current run comes from: an explicit :func:`activate` on this thread wins; otherwise each registered
+  provider (:func:`register_provider`, e.g. ``hosts/`` for "the Prefect flow run this code runs in") is asked in
+  order. Providers are how a host lends a run context to code it does not call itself (a ``@flow`` body).
 
 Prior art: Temporal's workflow context and cancellation scopes; Trio's ``Cancelled`` (a BaseException).
 """
@@ -27,7 +33,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,6 +56,9 @@ __all__ = [
     "activate",
     "current_run",
     "maybe_current_run",
+    "activated_run",
+    "register_provider",
+    "ContextProvider",
 ]
 
 InterruptReason = Literal["cancelled", "shutdown", "fence_lost", "heartbeat_failing"]
@@ -127,6 +136,8 @@ class RunContext:
     interrupt: threading.Event = field(default_factory=threading.Event)
     stats: WaitStats = field(default_factory=WaitStats)
     cancel_requested_at_ms: int | None = None
+    #: Set by the host that owns the run (see the module invariants); ``None``: raise the signal as it is.
+    on_park: Callable[[RunParked], RunParked] | None = None
     _reason: InterruptReason | None = None
     _cause: BaseException | None = None
     _spent_s: float = 0.0
@@ -167,6 +178,11 @@ class RunContext:
             cause=self._cause,
         )
 
+    def parked(self, signal: RunParked) -> RunParked:
+        """The exception a wait raises to park this run: ``signal``, or what the run's host makes of it."""
+        hook = self.on_park
+        return signal if hook is None else hook(signal)
+
     def next_name(self, prefix: str) -> str:
         """``<prefix>:<n>`` for the n-th unnamed wait of this drive: deterministic as long as the flow calls its
         waits in the same order on every re-execution (name them explicitly where that does not hold)."""
@@ -196,19 +212,42 @@ def activate(ctx: RunContext) -> Iterator[RunContext]:
         _CURRENT.reset(token)
 
 
-def maybe_current_run() -> RunContext | None:
-    """The current run, or None outside a driven run."""
+ContextProvider = Callable[[], "RunContext | None"]
+_PROVIDERS: list[ContextProvider] = []
+
+
+def register_provider(provider: ContextProvider) -> None:
+    """Ask ``provider`` for the current run when nothing was activated on this thread (idempotent). A provider
+    must be cheap when it has nothing to say: it is asked on every wait outside an explicit activation."""
+    if provider not in _PROVIDERS:
+        _PROVIDERS.append(provider)
+
+
+def activated_run() -> RunContext | None:
+    """The run explicitly activated on this thread (:func:`activate`), ignoring providers."""
     return _CURRENT.get()
+
+
+def maybe_current_run() -> RunContext | None:
+    """The current run, or None outside a driven run (see the module invariants for where it comes from)."""
+    ctx = _CURRENT.get()
+    if ctx is not None:
+        return ctx
+    for provider in _PROVIDERS:
+        ctx = provider()
+        if ctx is not None:
+            return ctx
+    return None
 
 
 def current_run() -> RunContext:
     """The current run; ``WaitError(no_run_context)`` outside one."""
-    ctx = _CURRENT.get()
+    ctx = maybe_current_run()
     if ctx is None:
         raise WaitError(
             "no_run_context",
-            "durable waits need a driven run: call sp.sleep/sp.wait_for inside a flow registered with a RunDriver "
-            "(smthrs worker) or inside a plan node — not at module level or in a plain function. Prefect @flow "
-            "bodies do not carry a durable run context yet: use a plan timer node (wait:) there",
+            "durable waits need a run: call sp.sleep/sp.wait_for/sp.require_approval inside a Prefect @flow body, "
+            "a flow registered with a RunDriver (smthrs worker) or a plan node — not at module level or in a plain "
+            "function outside any of them",
         )
     return ctx

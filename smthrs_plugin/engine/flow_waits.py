@@ -117,7 +117,7 @@ def sleep_to(ctx: RunContext, name: str, due_at_ms: int) -> ClockRecord:
             ctx.waits.complete_clock(record.flow, record.execution_id, record.name)
             break
         if remaining > ctx.budget_left_s:
-            raise RunParked(ctx.run_id, "timer", name, due_at_ms=record.due_at_ms)
+            raise ctx.parked(RunParked(ctx.run_id, "timer", name, due_at_ms=record.due_at_ms))
         started = ctx.clock.monotonic()
         ctx.clock.wait(ctx.interrupt, remaining)
         ctx.spend(ctx.clock.monotonic() - started)
@@ -139,7 +139,7 @@ def wait_for(name: str) -> Any:
             ctx.raise_if_interrupted()
             left = ctx.budget_left_s
             if left <= 0:
-                raise RunParked(ctx.run_id, "event", label, token=deferred_token(label))
+                raise ctx.parked(RunParked(ctx.run_id, "event", label, token=deferred_token(label)))
             started = ctx.clock.monotonic()
             outcome = sub.wait(min(ctx.poll_s, left))
             ctx.spend(ctx.clock.monotonic() - started)

@@ -1,11 +1,8 @@
-"""Which smthrs run a ``@step`` call belongs to, and how a step finds its runtime in any process.
+"""How a ``@step`` call finds its runtime in any process, and the run it writes under.
 
 Invariants
-- **One smthrs run per Prefect flow run**: ``prefect-<flow run id>``, created, claimed and heartbeated by the
-  flow's own process on the first step call of that flow run, and settled (``completed`` / ``failed``) by a
-  state hook appended to the flow when the flow run ends. A process that exits first releases it (atexit), so
-  nothing waits for the 30 s lease. If that id is already settled or held (a flow run resumed elsewhere), the
-  run gets a fresh suffix and the fact is logged: steps are content-addressed, the run is only their journal.
+- Inside a Prefect flow run a step belongs to the flow run's smthrs run (``_flowrun.py``: one run per flow run,
+  or the run a driver is driving).
 - **The owner token travels with the call** (:class:`StepContext`), so a step body in a process-pool or Dask
   worker writes under the flow process's fence and never reads an owner out of the database.
 - Outside any flow run (a step called as a plain function, or from a detached context with no token) each call
@@ -15,7 +12,6 @@ Invariants
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import json
 import logging
@@ -41,7 +37,6 @@ __all__ = [
     "StepContext",
     "step_settings",
     "current_spec",
-    "context_for_call",
     "standalone_run",
     "open_runtimes",
 ]
@@ -170,109 +165,6 @@ class StepContext:
 
     def __repr__(self) -> str:
         return f"StepContext(run_id={self.run_id!r})"
-
-
-@dataclass
-class _FlowRun:
-    ctx: StepContext
-    runtime: Runtime
-    heartbeat: Heartbeater
-
-
-_FLOW_RUNS: dict[str, _FlowRun] = {}
-_FR_LOCK = threading.Lock()
-
-
-def context_for_call() -> StepContext | None:
-    """In a flow run's own process: that flow run's step context (its smthrs run is created and claimed on first
-    use). ``None`` outside a flow run or in a detached (worker-side) context: the call runs standalone."""
-    import sys
-
-    ctx_mod = sys.modules.get("prefect.context")
-    if ctx_mod is None:
-        return None
-    frc = ctx_mod.FlowRunContext.get()
-    if frc is None or frc.flow_run is None or getattr(frc, "detached", False):
-        return None
-    flow_run_id = str(frc.flow_run.id)
-    with _FR_LOCK:
-        fr = _FLOW_RUNS.get(flow_run_id)
-        if fr is not None:
-            return fr.ctx
-        fr = _claim_flow_run(flow_run_id, frc)
-        _FLOW_RUNS[flow_run_id] = fr
-        return fr.ctx
-
-
-def _claim_flow_run(flow_run_id: str, frc: Any) -> _FlowRun:
-    spec = current_spec()
-    rt = spec.open()
-    flow_name = getattr(frc.flow, "name", None) or "flow"
-    run_id = f"prefect-{flow_run_id}"
-    rt.runs.create(run_id, f"prefect/{flow_name}")
-    decision = rt.ownership.claim(run_id)
-    if not isinstance(decision, Activated):
-        fresh = f"{run_id}-{uuid.uuid4().hex[:8]}"
-        log.warning(
-            "smthrs run %s of flow run %s is %s; this flow run's steps journal into %s instead",
-            run_id,
-            flow_run_id,
-            type(decision).__name__,
-            fresh,
-        )
-        run_id = fresh
-        rt.runs.create(run_id, f"prefect/{flow_name}")
-        decision = rt.ownership.claim(run_id)
-        if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
-            raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
-    beat = Heartbeater(rt.ownership, run_id).start()
-    _hook_flow(frc.flow)
-    return _FlowRun(StepContext(run_id, rt.ownership.owner, spec, flow_run_id), rt, beat)
-
-
-def _hook_flow(flow: Any) -> None:
-    """Append the settle hook to the flow's state hooks once (Prefect reads them when the final state is set)."""
-    if flow is None or getattr(flow, "_smthrs_hooked", False):
-        return
-    for attr in ("on_completion_hooks", "on_failure_hooks", "on_crashed_hooks", "on_cancellation_hooks"):
-        hooks = getattr(flow, attr, None)
-        if isinstance(hooks, list):
-            hooks.append(_settle_flow_run)
-    try:
-        flow._smthrs_hooked = True
-    except AttributeError:  # pragma: no cover - Flow objects accept attributes
-        pass
-
-
-def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
-    """Prefect state hook: the flow run ended — stop the heartbeat and settle its smthrs run."""
-    with _FR_LOCK:
-        fr = _FLOW_RUNS.pop(str(flow_run.id), None)
-    if fr is None:
-        return
-    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
-    fr.heartbeat.stop()
-    status = "completed" if state.is_completed() else "failed"
-    fr.runtime.runs.finish(
-        fr.ctx.run_id,
-        fr.ctx.owner,
-        status,
-        result={"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)},
-    )
-
-
-@atexit.register
-def _release_all() -> None:
-    with _FR_LOCK:
-        leftovers = list(_FLOW_RUNS.values())
-        _FLOW_RUNS.clear()
-    flush_hits()
-    for fr in leftovers:
-        fr.heartbeat.stop()
-        try:
-            fr.runtime.ownership.release(fr.ctx.run_id, cause="shutdown")
-        except Exception:  # the process is exiting: report, the lease lapses on its own
-            log.exception("could not release smthrs run %s at exit", fr.ctx.run_id)
 
 
 @contextmanager

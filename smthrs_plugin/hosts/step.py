@@ -50,8 +50,9 @@ from ..plan import Literal, NodeDraft, node
 from ..plan.keys import plan_key
 from ..scheduler.job import error_line
 from ..scheduler.model import Settlement
+from ._flowrun import context_for_call
 from ._stepjournal import record_settled
-from ._steprun import StepContext, context_for_call, standalone_run
+from ._steprun import StepContext, standalone_run
 from .workspace import Workspace
 
 __all__ = ["step", "Step", "Workspace", "CONTEXT_PARAM", "STEP_EVENT_PREFIX", "default_environment"]

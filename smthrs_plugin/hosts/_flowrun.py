@@ -1,0 +1,383 @@
+"""The smthrs run of a Prefect flow run: which run a ``@flow`` body's steps and durable waits belong to, who owns
+it, and what happens to both sides when it parks.
+
+Invariants
+- **One smthrs run per Prefect flow run**, bound on the flow run's first smthrs call (a step, a wait):
+  * *direct* (a script, a deployment or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
+    ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
+    :class:`~smthrs_plugin.engine.active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
+    waits use). A state hook appended to the flow concludes it when the flow run ends (``completed``,
+    ``failed``, ``cancelled``; a crash by interruption releases it); a process that exits first releases it
+    (atexit), so nothing waits for the 30 s lease. If that id is already settled or held, the flow run journals
+    into a fresh suffix and says so: steps are content-addressed, the run is only their journal.
+  * *driven* (a :class:`~smthrs_plugin.engine.driver.RunDriver` drives a run of the flow: ``smthrs worker``,
+    :func:`~smthrs_plugin.hosts.flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
+    run context; the flow run binds to THAT run, and the driver concludes it.
+- **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters) in its run's journal
+  partition when it binds, once per flow run. The first record's parameters are what a driver calls the flow
+  with when it resumes the run; the later ones trace each incarnation.
+- **Parking** (a wait beyond the in-process budget, a pending approval): the smthrs run is parked durably FIRST
+  (direct: right at the wait, fenced; driven: by the driver, as for any flow), then the Prefect flow run is set
+  *Paused* (state name ``Parked``, the message says what it waits for and how to resume) and the wait raises
+  :class:`ParkedFlowRun` — both our ``RunParked`` and Prefect's ``Pause`` signal — so Prefect records Paused rather
+  than Crashed and the caller can ``except sp.RunParked``. A direct flow run whose parameters are not plain JSON
+  refuses to park (``WaitError(unresumable_flow)``): no driver could ever call it again.
+
+Prior art: Temporal's workflow id (a run is keyed by the caller, incarnations are runs of it); Prefect's own
+``suspend_flow_run`` (a Paused state plus a ``Pause`` signal), which needs a deployment to come back — ours needs
+only a driver that imports the flow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+from ..canonical import canonical_bytes
+from ..engine.active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
+from ..engine.context import RunContext, RunParked, RunReleased
+from ..engine.journal import Journal
+from ..engine.ownership import Activated
+from ..errors import CanonicalError, FenceLost, WaitError
+from ..runtime import Runtime
+from ._stepjournal import flush_hits
+from ._steprun import StepContext, current_spec
+
+__all__ = [
+    "FLOW_PREFIX",
+    "RECORD_TYPE",
+    "ParkedFlowRun",
+    "flow_name",
+    "context_for_call",
+    "run_context",
+    "driving",
+    "pause_flow_run",
+    "recorded_parameters",
+]
+
+log = logging.getLogger(__name__)
+
+FLOW_PREFIX = "prefect/"
+RECORD_TYPE = "prefect-flow-run"
+_PARKED_STATE = "Parked"
+
+
+def flow_name(flow: Any) -> str:
+    """The smthrs flow name of a Prefect flow: ``prefect/<flow name>`` (what a driver registers it under)."""
+    return f"{FLOW_PREFIX}{getattr(flow, 'name', None) or 'flow'}"
+
+
+class ParkedFlowRun(RunParked):
+    """``RunParked`` raised inside a Prefect flow run; also Prefect's ``Pause`` signal (see :func:`_signal_class`)."""
+
+
+_SIGNAL: type[ParkedFlowRun] | None = None
+
+
+def _signal_class() -> type[ParkedFlowRun]:
+    # Built on first use: deriving from prefect.exceptions.Pause at import time would import Prefect with
+    # smthrs_plugin. Prefect's flow engine re-raises a Pause untouched and keeps the state it carries.
+    global _SIGNAL
+    if _SIGNAL is None:
+        from prefect.exceptions import Pause
+
+        _SIGNAL = type("ParkedFlowRun", (ParkedFlowRun, Pause), {"__module__": __name__})
+    return _SIGNAL
+
+
+@dataclass
+class _FlowRun:
+    ctx: StepContext
+    runtime: Runtime
+    run: RunContext
+    active: ActiveRun | None  # None: a driver owns the run and concludes it
+    parameters_error: str | None
+
+
+_FLOW_RUNS: dict[str, _FlowRun] = {}
+_FR_LOCK = threading.Lock()
+_DRIVEN: ContextVar[RunContext | None] = ContextVar("smthrs_driven_flow", default=None)
+
+
+@contextmanager
+def driving(ctx: RunContext) -> Iterator[RunContext]:
+    """Around a driver's call of a flow: flow runs started inside bind to ``ctx``'s run, and a wait that parks
+    tells Prefect the flow run paused (the driver parks the run itself). On exit the flow runs bound to the run
+    are forgotten and their buffered hit records written, before the driver concludes the run."""
+    token = _DRIVEN.set(ctx)
+    before = ctx.on_park
+    ctx.on_park = pause_flow_run
+    try:
+        yield ctx
+    finally:
+        ctx.on_park = before
+        _DRIVEN.reset(token)
+        _unbind(ctx.run_id)
+
+
+def _prefect_flow_run() -> Any:
+    ctx_mod = sys.modules.get("prefect.context")
+    if ctx_mod is None:
+        return None
+    frc = ctx_mod.FlowRunContext.get()
+    if frc is None or frc.flow_run is None or getattr(frc, "detached", False):
+        return None
+    return frc
+
+
+def _bound() -> _FlowRun | None:
+    frc = _prefect_flow_run()
+    if frc is None:
+        return None
+    flow_run_id = str(frc.flow_run.id)
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(flow_run_id)
+        if fr is None:
+            fr = _FLOW_RUNS[flow_run_id] = _bind(flow_run_id, frc)
+        return fr
+
+
+def context_for_call() -> StepContext | None:
+    """In a flow run's own process: that flow run's step context (its smthrs run is bound on first use). ``None``
+    outside a flow run or in a detached (worker-side) context: the call runs standalone."""
+    fr = _bound()
+    return None if fr is None else fr.ctx
+
+
+def run_context() -> RunContext | None:
+    """The run context of the Prefect flow run this code runs in (the provider ``hosts/`` registers)."""
+    fr = _bound()
+    return None if fr is None else fr.run
+
+
+def _plain_parameters(parameters: Any) -> tuple[dict[str, Any], str | None]:
+    params = dict(parameters or {})
+    try:
+        canonical_bytes(params)
+    except CanonicalError as exc:
+        return {}, exc.message
+    return params, None
+
+
+def _bind(flow_run_id: str, frc: Any) -> _FlowRun:
+    spec = current_spec()
+    rt = spec.open()
+    name = flow_name(frc.flow)
+    params, params_error = _plain_parameters(frc.parameters)
+    outer = _DRIVEN.get()
+    active: ActiveRun | None = None
+    if outer is not None:
+        run = outer
+    else:
+        active = _claim(rt, flow_run_id, name)
+        run = active.context
+        run.on_park = partial(_park_direct, flow_run_id)
+    _hook_flow(frc.flow)
+    payload: dict[str, Any] = {"flow_run_id": flow_run_id, "flow": name, "parameters": params}
+    if params_error is not None:
+        payload = {**payload, "parameters": None, "parameters_error": params_error}
+    rt.journal.append(
+        run.run_id, RECORD_TYPE, payload, source_id=f"prefect/flow-run/{flow_run_id}", source_seq=0
+    )
+    ctx = StepContext(run.run_id, run.owner, spec, flow_run_id)
+    return _FlowRun(ctx, rt, run, active, params_error)
+
+
+def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
+    run_id = f"prefect-{flow_run_id}"
+    rt.runs.create(run_id, name)
+    decision = rt.ownership.claim(run_id)
+    if not isinstance(decision, Activated):
+        fresh = f"{run_id}-{uuid.uuid4().hex[:8]}"
+        log.warning(
+            "smthrs run %s of flow run %s is %s; this flow run's steps journal into %s instead",
+            run_id,
+            flow_run_id,
+            type(decision).__name__,
+            fresh,
+        )
+        run_id = fresh
+        rt.runs.create(run_id, name)
+        decision = rt.ownership.claim(run_id)
+        if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
+            raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
+    return ActiveRun(decision, name, ownership=rt.ownership, runs=rt.runs, waits=rt.driver.waits)
+
+
+def _unbind(run_id: str) -> None:
+    with _FR_LOCK:
+        for key in [k for k, fr in _FLOW_RUNS.items() if fr.run.run_id == run_id]:
+            del _FLOW_RUNS[key]
+    flush_hits(run_id)
+
+
+# -- the end of a direct flow run ------------------------------------------------------------------------------
+def _hook_flow(flow: Any) -> None:
+    """Append the settle hook to the flow's state hooks once (Prefect reads them when the final state is set)."""
+    if flow is None or getattr(flow, "_smthrs_hooked", False):
+        return
+    for attr in ("on_completion_hooks", "on_failure_hooks", "on_crashed_hooks", "on_cancellation_hooks"):
+        hooks = getattr(flow, attr, None)
+        if isinstance(hooks, list):
+            hooks.append(_settle_flow_run)
+    try:
+        flow._smthrs_hooked = True
+    except AttributeError:  # pragma: no cover - Flow objects accept attributes
+        pass
+
+
+def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
+    """Prefect state hook: the flow run ended — conclude its smthrs run (a driven run is the driver's)."""
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.pop(str(flow_run.id), None)
+    if fr is None:
+        return
+    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    if fr.active is None:
+        return
+    summary = {"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)}
+    data = getattr(state, "data", None)
+    if state.is_completed():
+        fr.active.conclude(FlowCompleted(summary))
+    elif isinstance(data, RunParked) and data.run_id != fr.ctx.run_id:
+        # Another run parked inside this flow run (a plan run's timer node): that run is parked and resumable on
+        # its own; this flow run ended without finishing its body, and no driver would know to resume it.
+        fr.active.conclude(
+            FlowFailed({**summary, "message": f"run {data.run_id!r} parked inside this flow run: {data}"})
+        )
+    elif state.is_crashed() and isinstance(data, BaseException) and not isinstance(data, Exception):
+        # RunCancelled → cancelled; RunReleased, KeyboardInterrupt, SystemExit → released (never cancelled).
+        fr.active.conclude(error=data)
+    else:
+        fr.active.conclude(FlowFailed({**summary, "message": str(state.message or "")}))
+
+
+@atexit.register
+def _release_all() -> None:
+    with _FR_LOCK:
+        leftovers = list(_FLOW_RUNS.values())
+        _FLOW_RUNS.clear()
+    flush_hits()
+    for fr in leftovers:
+        if fr.active is None:
+            continue
+        try:
+            # Released, never cancelled: claimable at once by any driver that registers the flow.
+            fr.active.conclude(error=RunReleased(fr.ctx.run_id, "shutdown"))
+        except Exception:  # the process is exiting: report, the lease lapses on its own
+            log.exception("could not release smthrs run %s at exit", fr.ctx.run_id)
+
+
+# -- parking ---------------------------------------------------------------------------------------------------
+def _park_direct(flow_run_id: str, signal: RunParked) -> RunParked:
+    """``on_park`` of a direct flow run's context: park the smthrs run now, then pause the Prefect flow run."""
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(flow_run_id)
+    if fr is None or fr.active is None:  # pragma: no cover - the context only exists while it is bound
+        return signal
+    if fr.parameters_error is not None:
+        raise WaitError(
+            "unresumable_flow",
+            f"flow run {flow_run_id} would park ({signal.kind} {signal.name!r}), but no driver could call the flow "
+            f"again: its parameters are not plain JSON ({fr.parameters_error}). Pass plain JSON parameters (write "
+            "the data to a file, pass its path), or keep the wait within SMTHRS_WAIT_BUDGET_S",
+            run_id=fr.ctx.run_id,
+        )
+    flush_hits(fr.ctx.run_id)
+    outcome = fr.active.conclude(error=signal)
+    with _FR_LOCK:
+        _FLOW_RUNS.pop(flow_run_id, None)
+    if isinstance(outcome, DriveLost):
+        raise FenceLost(
+            "fence_lost",
+            f"flow run {flow_run_id} lost its smthrs run {fr.ctx.run_id!r} before it could park it: {outcome.reason}",
+            run_id=fr.ctx.run_id,
+        )
+    return pause_flow_run(signal)
+
+
+def pause_flow_run(signal: RunParked) -> RunParked:
+    """Mark the current Prefect flow run Paused (``Parked``) and return the signal to raise: a
+    :class:`ParkedFlowRun` carrying that state. If Prefect cannot be told (API down), the plain signal is
+    returned and the reason logged: the durable park does not depend on Prefect's display."""
+    frc = _prefect_flow_run()
+    if frc is None:
+        return signal
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Paused
+
+        state: Any = Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal))
+        with get_client(sync_client=True) as client:
+            result = client.set_flow_run_state(frc.flow_run.id, state, force=True)
+        if result.state is not None:
+            state = result.state
+    except Exception as exc:  # noqa: BLE001 - reported; the run is parked whatever Prefect shows
+        log.warning(
+            "smthrs run %s is parked, but Prefect could not be told (the flow run will show Crashed): %r",
+            signal.run_id,
+            exc,
+        )
+        return signal
+    out = _signal_class()(
+        signal.run_id,
+        signal.kind,
+        signal.name,
+        due_at_ms=signal.due_at_ms,
+        token=signal.token,
+        waiting=signal.waiting,
+    )
+    out.state = state  # type: ignore[attr-defined]  # read by Prefect's engine (Pause.state)
+    return out
+
+
+def _describe(signal: RunParked) -> str:
+    run = signal.run_id
+    if signal.kind == "timer" and signal.due_at_ms is not None:
+        due = datetime.fromtimestamp(signal.due_at_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+        return (
+            f"smthrs run {run} parked until {due} (timer {signal.name!r}); a worker that registers this flow "
+            f"resumes it then: smthrs worker --flow MODULE:FLOW"
+        )
+    if signal.kind == "approval":
+        return (
+            f"smthrs run {run} waits for approval {signal.name!r}: smthrs approve {run} --request {signal.name}, "
+            "then a worker (smthrs worker --flow MODULE:FLOW) resumes it"
+        )
+    return (
+        f"smthrs run {run} waits for {signal.name!r}: sp.complete({run!r}, {signal.name!r}, value) wakes it, "
+        "then a worker (smthrs worker --flow MODULE:FLOW) resumes it"
+    )
+
+
+def recorded_parameters(journal: Journal, run_id: str) -> dict[str, Any] | None:
+    """The parameters the run's first flow run was called with (``None``: no flow run recorded yet);
+    ``WaitError(unresumable_flow)`` when they were not plain JSON."""
+    after: int | None = None
+    while True:
+        page = journal.read(run_id, after_seq=after, limit=500)
+        for event in page:
+            if event.type != RECORD_TYPE or not isinstance(event.payload, dict):
+                continue
+            if event.payload.get("parameters_error") is not None:
+                raise WaitError(
+                    "unresumable_flow",
+                    f"run {run_id!r} cannot be resumed: its flow's parameters were not plain JSON "
+                    f"({event.payload['parameters_error']}); start a new run with plain JSON parameters",
+                    run_id=run_id,
+                )
+            params = event.payload.get("parameters")
+            return dict(params) if isinstance(params, dict) else {}
+        if len(page) < 500:
+            return None
+        after = page[-1].seq

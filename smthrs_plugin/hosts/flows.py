@@ -1,0 +1,128 @@
+"""Durable Prefect flows: a Prefect ``@flow`` as the code a run driver drives, and :func:`durable_run`.
+
+A Prefect flow that waits (``sp.sleep``, ``sp.wait_for``, ``sp.require_approval``) beyond the in-process budget
+parks its smthrs run and ends *Paused* (``_flowrun.py``). What brings it back is a run driver that can call the flow
+again: :func:`flow_fn` makes a Prefect flow registrable with :class:`~smthrs_plugin.engine.driver.RunDriver`
+under :func:`flow_name` (``prefect/<flow name>``), which is also the flow of every run a direct call created — so
+``smthrs worker --flow MODULE:FLOW`` resumes both.
+
+Invariants
+- A drive calls the flow ONCE with the run's recorded parameters (the first flow run's, ``_flowrun.py``), as a new
+  Prefect flow run bound to the driven run: steps that settled before replay ``clean`` from the cache, finished
+  waits return at once (clocks keep their stored deadlines, completed deferreds and approvals are read back).
+- What the drive stores is the same as a direct call's: ``{"flow_run_id", "state"}``, never the flow's return
+  value (a Prefect flow may return anything; the run is a journal, not a result store). A failed flow run fails
+  the run with the flow's exception.
+- :func:`durable_run` refuses before writing anything: a run of another flow under that id, or parameters other
+  than the ones the run was started with (``WaitError(parameters_mismatch)``) — an id names ONE computation.
+
+Prior art: Temporal's workflow id (re-submitting an id continues or answers for that one execution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..canonical import canonical_bytes
+from ..engine.active_run import DriveOutcome, FlowCompleted
+from ..engine.context import RunContext
+from ..engine.driver import FlowFn, RunDriver
+from ..errors import CanonicalError, WaitError
+from ._flowrun import driving, flow_name, recorded_parameters
+from ._steprun import current_spec, step_settings
+
+__all__ = ["durable_run", "flow_fn", "flow_name", "is_prefect_flow"]
+
+
+def is_prefect_flow(obj: object) -> bool:
+    """True for a Prefect ``Flow`` object (checked without importing Prefect when the caller has not)."""
+    import sys
+
+    prefect = sys.modules.get("prefect")
+    return prefect is not None and isinstance(obj, prefect.Flow)
+
+
+def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
+    """Driver code for the Prefect ``flow``: register it as ``driver.register(flow_name(flow), flow_fn(flow))``.
+    ``parameters`` are used for a run with none recorded yet (a run started by a driver). The flow's steps use the
+    workspace and artifact store of ``sp.step_settings``/``SMTHRS_*`` at this call, and the driven run's
+    database."""
+    if not is_prefect_flow(flow):
+        raise WaitError("invalid_wait", f"flow_fn takes a Prefect @flow, not {flow!r}")
+    fallback = dict(parameters or {})
+    # Drives run on the driver's threads, where the registering thread's step_settings are not visible: the steps
+    # use the workspace and artifacts of the registration and, always, the database of the run being driven.
+    spec = current_spec()
+
+    def drive(ctx: RunContext) -> FlowCompleted:
+        recorded = recorded_parameters(ctx.waits.journal, ctx.run_id)
+        params = fallback if recorded is None else recorded
+        with (
+            step_settings(
+                workspace=spec.workspace,
+                db=ctx.waits.db.url,
+                artifacts=spec.artifacts_url,
+                artifacts_options=spec.artifacts_options,
+                host_id=spec.host_id,
+            ),
+            driving(ctx),
+        ):
+            state = flow(**params, return_state=True)
+        if not state.is_completed():
+            state.result()  # raises the flow's own exception: the run fails with it
+            raise RuntimeError(f"flow run ended {state.name!r} without an exception")  # pragma: no cover
+        return FlowCompleted({"flow_run_id": str(state.state_details.flow_run_id), "state": str(state.name)})
+
+    return drive
+
+
+def durable_run(
+    flow: Any,
+    run_id: str,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    budget_s: float | None = None,
+) -> DriveOutcome:
+    """Drive the Prefect ``flow`` as the durable run ``run_id`` in this process, once, and return how the drive
+    ended: ``DriveSettled`` (completed, failed or cancelled), ``DriveParked`` (waiting on a timer, an event or an
+    approval — the process may exit; calling again continues it), ``DriveReleased``, or ``DriveNotClaimed`` (a
+    live process is driving it). The first call creates the run; later calls with the same id resume it.
+    Uses the runtime of ``sp.step_settings`` / ``SMTHRS_*``; ``budget_s`` overrides ``SMTHRS_WAIT_BUDGET_S``."""
+    name = flow_name(flow)
+    fn = flow_fn(flow, parameters)
+    rt = current_spec().open()
+    existing = rt.runs.get(run_id)
+    if existing is not None:
+        if existing.flow != name:
+            raise WaitError(
+                "invalid_wait",
+                f"run {run_id!r} is a run of {existing.flow!r}, not of {name!r}; choose another run id",
+                run_id=run_id,
+            )
+        recorded = recorded_parameters(rt.journal, run_id)
+        if parameters is not None and recorded is not None and _canon(parameters) != _canon(recorded):
+            raise WaitError(
+                "parameters_mismatch",
+                f"run {run_id!r} was started with parameters {recorded!r}, not {dict(parameters)!r}; resume it "
+                "without parameters, or choose another run id for another computation",
+                run_id=run_id,
+            )
+    elif parameters is not None:
+        _canon(parameters)  # refused before the run exists: a driver could never call it again
+    driver = RunDriver(rt.db, settings=rt.settings, journal=rt.journal, wait_budget_s=budget_s)
+    driver.register(name, fn)
+    if existing is None:
+        driver.submit(run_id, name)
+    return driver.drive(run_id)
+
+
+def _canon(parameters: Mapping[str, Any]) -> bytes:
+    try:
+        return canonical_bytes(dict(parameters))
+    except CanonicalError as exc:
+        raise WaitError(
+            "unresumable_flow",
+            f"durable flow parameters must be plain JSON: {exc.message}",
+            cause=exc,
+        ) from exc
