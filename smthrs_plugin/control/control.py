@@ -501,8 +501,17 @@ class Control:
             assert row is not None
             if row.status in TERMINAL_STATUSES:
                 return Terminal(run_id, row.status)
+            adm = st.admission_in(conn, run_id)
+            if adm is None and launcher is not None:
+                # Refused before anything is written: this plane cannot drive what it did not launch.
+                raise ControlError(
+                    "run_not_found",
+                    f"run {run_id!r} (flow {row.flow!r}) was not launched by the control plane, so resume cannot "
+                    f"drive it: run `smthrs worker --flow MODULE:FLOW --run {run_id}` with the flow's code (a "
+                    "Prefect @flow, or NAME=MODULE:FUNCTION)",
+                    run_id=run_id,
+                )
             if row.status == "suspended" and row.waiting_reason == WAITING_APPROVAL_REASON:
-                adm = st.admission_in(conn, run_id)
                 return Parked(adm.plan_id if adm is not None else run_id)
             receipt = Accepted(receipt_id, run_id)
             st.insert_receipt_in(conn, m.durable_key, "resume", m.fingerprint, receipt, self.clock.now_ms())

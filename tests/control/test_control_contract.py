@@ -544,3 +544,17 @@ def test_racing_same_key_runs_admit_one_run(control: Control, db: Database) -> N
         "AlreadyApplied",
     ]
     assert len({a.run_id for a in answers}) == 1 and count(db, "runs") == 1
+
+
+def test_resuming_a_run_the_plane_did_not_launch_is_refused_before_writing_and_names_the_worker(
+    control: Control, db: Database, launcher: RecordingLauncher
+) -> None:
+    from smthrs_plugin.engine.runs import RunStore
+
+    RunStore(db).create("flow-run-1", "prefect/nightly")
+    before = journal_types(db, "flow-run-1")
+    with pytest.raises(ControlError) as info:
+        control.resume("flow-run-1", idempotency_key="k", launcher=launcher)
+    assert info.value.code == "run_not_found" and "smthrs worker --flow" in info.value.message
+    assert journal_types(db, "flow-run-1") == before and launcher.calls == []
+    assert count(db, "control_receipts") == 0  # no receipt: the key stays unspent
