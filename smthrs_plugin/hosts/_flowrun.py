@@ -15,7 +15,9 @@ Invariants
     run context; the flow run binds to THAT run, and the driver concludes it.
 - **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters) in its run's journal
   partition when it binds, once per flow run. The first record's parameters are what a driver calls the flow
-  with when it resumes the run; the later ones trace each incarnation.
+  with when it resumes the run; the later ones trace each incarnation. When a driver's flow run binds, the
+  earlier incarnations Prefect still shows *Paused* (``Parked``) are shown *Completed* (``Resumed``), naming the
+  flow run that continues them.
 - **Parking** (a wait beyond the in-process budget, a pending approval): the smthrs run is parked durably FIRST
   (direct: right at the wait, fenced; driven: by the driver, as for any flow), then the Prefect flow run is set
   *Paused* (state name ``Parked``, the message says what it waits for and how to resume) and the wait raises
@@ -186,9 +188,13 @@ def _bind(flow_run_id: str, frc: Any) -> _FlowRun:
     payload: dict[str, Any] = {"flow_run_id": flow_run_id, "flow": name, "parameters": params}
     if params_error is not None:
         payload = {**payload, "parameters": None, "parameters_error": params_error}
+    earlier = _flow_runs_of(rt.journal, run.run_id) if outer is not None else []
     rt.journal.append(
         run.run_id, RECORD_TYPE, payload, source_id=f"prefect/flow-run/{flow_run_id}", source_seq=0
     )
+    for previous in earlier:
+        if previous != flow_run_id:
+            _mark_resumed(previous, flow_run_id)
     ctx = StepContext(run.run_id, run.owner, spec, flow_run_id)
     return _FlowRun(ctx, rt, run, active, params_error)
 
@@ -339,6 +345,41 @@ def pause_flow_run(signal: RunParked) -> RunParked:
     )
     out.state = state  # type: ignore[attr-defined]  # read by Prefect's engine (Pause.state)
     return out
+
+
+def _flow_runs_of(journal: Journal, run_id: str) -> list[str]:
+    out: list[str] = []
+    after: int | None = None
+    while True:
+        page = journal.read(run_id, after_seq=after, limit=500)
+        out += [
+            str(e.payload["flow_run_id"])
+            for e in page
+            if e.type == RECORD_TYPE and isinstance(e.payload, dict) and "flow_run_id" in e.payload
+        ]
+        if len(page) < 500:
+            return out
+        after = page[-1].seq
+
+
+def _mark_resumed(previous: str, current: str) -> None:
+    """An earlier incarnation still shown Paused (``Parked``) is done: show it Completed (``Resumed``), naming the
+    flow run that continues it. Display only, like the pause itself: a failure is logged, never raised."""
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Completed
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(uuid.UUID(previous)).state
+            if state is None or not state.is_paused() or state.name != _PARKED_STATE:
+                return
+            client.set_flow_run_state(
+                uuid.UUID(previous),
+                Completed(name="Resumed", message=f"parked here; continued by flow run {current}"),
+                force=True,
+            )
+    except Exception as exc:  # noqa: BLE001 - reported; the smthrs run's state does not depend on it
+        log.warning("could not show flow run %s as resumed in Prefect: %r", previous, exc)
 
 
 def _describe(signal: RunParked) -> str:

@@ -21,7 +21,7 @@ Invariants
   A failed dispatch raises the step's own error, so Prefect's ``retries=`` retry it (each retry is an attempt).
 - **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
   passing Prefect caching options is refused.
-- **One smthrs run per flow run** (see :mod:`._steprun`): every call of a flow run's steps journals a
+- **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
   ``step-settled`` record into it, fenced by the flow process's owner token, which each call carries to
   wherever Prefect runs the body (threads, processes, Dask).
 

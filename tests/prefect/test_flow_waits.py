@@ -156,6 +156,8 @@ def test_a_sleep_beyond_the_budget_pauses_the_flow_run_and_a_driver_resumes_it_a
     last = _flow_runs(rt, run_id)[-1]
     assert _flow_runs(rt, run_id)[0] == first and len(_flow_runs(rt, run_id)) == 3
     assert poll(lambda: _prefect_state(prefect_api, last)["type"], lambda t: t == "COMPLETED") == "COMPLETED"
+    resumed = _prefect_state(prefect_api, first)  # the parked incarnation no longer shows Paused
+    assert (resumed["type"], resumed["name"]) == ("COMPLETED", "Resumed")
 
 
 def test_require_approval_inside_a_flow_parks_waiting_approval_and_the_driver_resumes_it_once_approved(
