@@ -348,18 +348,7 @@ def pause_flow_run(signal: RunParked) -> RunParked:
 
 
 def _flow_runs_of(journal: Journal, run_id: str) -> list[str]:
-    out: list[str] = []
-    after: int | None = None
-    while True:
-        page = journal.read(run_id, after_seq=after, limit=500)
-        out += [
-            str(e.payload["flow_run_id"])
-            for e in page
-            if e.type == RECORD_TYPE and isinstance(e.payload, dict) and "flow_run_id" in e.payload
-        ]
-        if len(page) < 500:
-            return out
-        after = page[-1].seq
+    return [str(r["flow_run_id"]) for r in _records(journal, run_id) if "flow_run_id" in r]
 
 
 def _mark_resumed(previous: str, current: str) -> None:
@@ -401,24 +390,28 @@ def _describe(signal: RunParked) -> str:
     )
 
 
-def recorded_parameters(journal: Journal, run_id: str) -> dict[str, Any] | None:
-    """The parameters the run's first flow run was called with (``None``: no flow run recorded yet);
-    ``WaitError(unresumable_flow)`` when they were not plain JSON."""
+def _records(journal: Journal, run_id: str) -> Iterator[dict[str, Any]]:
+    """The ``prefect-flow-run`` payloads of ``run_id``, oldest first (read page by page)."""
     after: int | None = None
     while True:
         page = journal.read(run_id, after_seq=after, limit=500)
-        for event in page:
-            if event.type != RECORD_TYPE or not isinstance(event.payload, dict):
-                continue
-            if event.payload.get("parameters_error") is not None:
-                raise WaitError(
-                    "unresumable_flow",
-                    f"run {run_id!r} cannot be resumed: its flow's parameters were not plain JSON "
-                    f"({event.payload['parameters_error']}); start a new run with plain JSON parameters",
-                    run_id=run_id,
-                )
-            params = event.payload.get("parameters")
-            return dict(params) if isinstance(params, dict) else {}
+        yield from (e.payload for e in page if e.type == RECORD_TYPE and isinstance(e.payload, dict))
         if len(page) < 500:
-            return None
+            return
         after = page[-1].seq
+
+
+def recorded_parameters(journal: Journal, run_id: str) -> dict[str, Any] | None:
+    """The parameters the run's first flow run was called with (``None``: no flow run recorded yet);
+    ``WaitError(unresumable_flow)`` when they were not plain JSON."""
+    for record in _records(journal, run_id):
+        if record.get("parameters_error") is not None:
+            raise WaitError(
+                "unresumable_flow",
+                f"run {run_id!r} cannot be resumed: its flow's parameters were not plain JSON "
+                f"({record['parameters_error']}); start a new run with plain JSON parameters",
+                run_id=run_id,
+            )
+        params = record.get("parameters")
+        return dict(params) if isinstance(params, dict) else {}
+    return None
