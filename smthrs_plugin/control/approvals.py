@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import sha256_hex
-from ..engine.context import RunContext, RunParked, current_run
+from ..engine.context import RunContext, RunParked, check_wait_allowed, current_run
 from ..engine.fence import OwnerId, assert_owner
 from ..engine.journal import Journal, plan_partition
 from ..engine.waits import WaitStore
@@ -388,7 +388,9 @@ def require_approval(
 ) -> Approved:
     """Inside a driven run (a ``@step`` flow): ask for the node approval ``request_id`` and continue only once it
     is approved. Pending parks the run ``waiting-approval`` (the process may exit; ``smthrs approve RUN_ID
-    --request R`` then resumes it); denied raises :class:`~smthrs_plugin.errors.ApprovalDenied`."""
+    --request R`` then resumes it); denied raises :class:`~smthrs_plugin.errors.ApprovalDenied`. Refused inside a
+    ``@step`` body (a cache hit would skip it): ask in the flow body, before the step."""
+    check_wait_allowed("sp.require_approval")
     ctx = current_run()
     approvals = Approvals(ctx.waits.db, journal=ctx.waits.journal, waits=ctx.waits, clock=ctx.clock)
     state = approvals.register(ctx.run_id, request_id, digest=digest, envelope=envelope, owner=ctx.owner)

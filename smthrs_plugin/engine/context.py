@@ -21,6 +21,8 @@ Invariants:
 - A wait parks by raising ``ctx.parked(RunParked(...))``: the host that owns the run may turn the signal into its
   own (a Prefect flow run raises one that is also Prefect's ``Pause``, so Prefect shows the flow run *Paused*
   instead of *Crashed*); whatever it returns is still a :class:`RunParked`.
+- Waits are refused (``WaitError(invalid_wait)``, before anything is written) inside a block a host marks with
+  :func:`waits_forbidden` — a ``@step`` body, whose result is cached: a gate there would be skipped by a hit.
 - Where the current run comes from: an explicit :func:`activate` on this thread wins; otherwise each registered
   provider (:func:`register_provider`, e.g. ``hosts/`` for "the Prefect flow run this code runs in") is asked in
   order. Providers are how a host lends a run context to code it does not call itself (a ``@flow`` body).
@@ -59,6 +61,8 @@ __all__ = [
     "activated_run",
     "register_provider",
     "ContextProvider",
+    "waits_forbidden",
+    "check_wait_allowed",
 ]
 
 InterruptReason = Literal["cancelled", "shutdown", "fence_lost", "heartbeat_failing"]
@@ -210,6 +214,34 @@ def activate(ctx: RunContext) -> Iterator[RunContext]:
         yield ctx
     finally:
         _CURRENT.reset(token)
+
+
+_FORBIDDEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "smthrs_waits_forbidden", default=None
+)
+
+
+@contextmanager
+def waits_forbidden(where: str) -> Iterator[None]:
+    """No wait or approval may start inside this block (``where`` names it in the refusal): a host wraps code
+    whose result is cached — a ``@step`` body — so a gate inside it cannot be skipped silently by a cache hit."""
+    token = _FORBIDDEN.set(where)
+    try:
+        yield
+    finally:
+        _FORBIDDEN.reset(token)
+
+
+def check_wait_allowed(what: str) -> None:
+    """``WaitError(invalid_wait)`` when ``what`` (``sp.sleep``, ``sp.require_approval``...) is called where waits
+    are forbidden; called by every public wait before it touches the store."""
+    where = _FORBIDDEN.get()
+    if where is not None:
+        raise WaitError(
+            "invalid_wait",
+            f"{what} inside {where}: a step's result is cached by its inputs, so a wait or an approval inside it "
+            "would be skipped by a cache hit; call it in the flow body, before or after the step",
+        )
 
 
 ContextProvider = Callable[[], "RunContext | None"]

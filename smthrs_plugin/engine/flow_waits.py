@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import WaitError
 from ..settings import load_settings
 from ..stores.database import Database, open_database
-from .context import DEFAULT_BUS, RunContext, RunParked, current_run, maybe_current_run
+from .context import DEFAULT_BUS, RunContext, RunParked, check_wait_allowed, current_run, maybe_current_run
 from .wait_records import ClockRecord, Completed, DeferredRecord, Existing, NotFound, deferred_token
 from .waits import WaitStore
 from .wakebus import WakeBus, Woken
@@ -91,6 +91,7 @@ def _check_name(name: Any) -> str:
 def sleep(seconds: float, *, name: str | None = None) -> None:
     """Sleep ``seconds`` on a durable clock of the current run (the deadline is fixed at the first call)."""
     s = _check_seconds(seconds)
+    check_wait_allowed("sp.sleep")
     ctx = current_run()
     label = _check_name(name) if name is not None else ctx.next_name("sleep")
     sleep_to(ctx, label, ctx.clock.now_ms() + math.ceil(s * 1000))
@@ -99,6 +100,7 @@ def sleep(seconds: float, *, name: str | None = None) -> None:
 def sleep_until(when: datetime | str, *, name: str | None = None) -> None:
     """Sleep until ``when`` (aware datetime or ISO-8601 with offset) on a durable clock of the current run."""
     due = deadline_ms(when)
+    check_wait_allowed("sp.sleep_until")
     ctx = current_run()
     label = _check_name(name) if name is not None else ctx.next_name("sleep")
     sleep_to(ctx, label, due)
@@ -127,6 +129,7 @@ def sleep_to(ctx: RunContext, name: str, due_at_ms: int) -> ClockRecord:
 def wait_for(name: str) -> Any:
     """The value another party completes the deferred ``name`` of the current run with (``sp.complete``)."""
     label = _check_name(name)
+    check_wait_allowed("sp.wait_for")
     ctx = current_run()
     with ctx.bus.subscribe(ctx.run_id) as sub:  # subscribe BEFORE checking: no wake can fall in between
         while True:

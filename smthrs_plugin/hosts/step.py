@@ -45,6 +45,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ..cache.requests import node_request
 from ..canonical import canonical_bytes
+from ..engine.context import waits_forbidden
 from ..errors import CacheError, CanonicalError, PlanError
 from ..plan import Literal, NodeDraft, node
 from ..plan.keys import plan_key
@@ -249,9 +250,10 @@ def _dispatch(
     request = dataclasses.replace(request, subject=spec.identity)
 
     def execute(root: Path) -> Any:
-        if spec.takes_workspace:
-            return spec.fn(Workspace(root), *bound.args, **bound.kwargs)
-        return spec.fn(*bound.args, **bound.kwargs)
+        with waits_forbidden(f"the body of @step {spec.identity!r}"):
+            if spec.takes_workspace:
+                return spec.fn(Workspace(root), *bound.args, **bound.kwargs)
+            return spec.fn(*bound.args, **bound.kwargs)
 
     result = rt.dispatcher.dispatch(request, execute)
     payload = _payload(spec, result, attempt, task_run_id)

@@ -279,3 +279,36 @@ def test_a_plan_run_parking_inside_a_flow_run_parks_itself_and_fails_the_flow_ru
     assert plan_run.waiting.reason == "timer"  # resumable at its deadline like any plan run
     (own,) = rt.runs.list(flow=flow_name(with_plan))
     assert own.status == "failed" and "plan-in-flow" in own.error["message"]
+
+
+@sp.step
+def gated_step(version: str) -> str:
+    sp.require_approval("ship")
+    return version
+
+
+@sp.step
+def sleeping_step(seconds: float) -> float:
+    sp.sleep(seconds)
+    return seconds
+
+
+@flow(persist_result=False)
+def gate_in_step(version: str = "1.0") -> str:
+    return gated_step(version)
+
+
+@flow(persist_result=False)
+def sleep_in_step(seconds: float = 0.1) -> float:
+    return sleeping_step(seconds)
+
+
+@pytest.mark.parametrize("body", [gate_in_step, sleep_in_step], ids=["require_approval", "sleep"])
+def test_a_wait_inside_a_step_body_is_refused_because_a_cache_hit_would_skip_it(ws: Path, body: Any) -> None:
+    out = sp.durable_run(body, "in-step-1", budget_s=30)
+    assert isinstance(out, DriveSettled) and out.status == "failed"
+    rt = current_spec().open()
+    record = rt.runs.get("in-step-1")
+    assert record is not None and record.error["code"] == "invalid_wait" and "@step" in record.error["message"]
+    types = {e.type for e in rt.journal.read("in-step-1", limit=500)}
+    assert "control.approval.requested" not in types and "clock-scheduled" not in types  # nothing was written
