@@ -60,6 +60,9 @@ T = TypeVar("T")
 Dialect = Literal["sqlite", "postgresql"]
 
 log = logging.getLogger(__name__)
+# Retry jitter draws from its own generator: the global `random` state belongs to the application (a seeded
+# simulation, a property test) and must not move because a background heartbeat retried a transaction.
+_JITTER = random.Random()
 
 #: How long a SQLite writer waits for the write lock before failing (the lock is held for milliseconds).
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -148,7 +151,7 @@ class Database:
                 if sqlstate(exc) in RETRY_SQLSTATES and attempt < MAX_WRITE_ATTEMPTS:
                     # Jittered exponential backoff: concurrent writers of one hot row (the revision counter)
                     # must not retry in lockstep.
-                    time.sleep(random.uniform(0, min(0.1, 0.001 * 2 ** min(attempt, 10))))
+                    time.sleep(_JITTER.uniform(0, min(0.1, 0.001 * 2 ** min(attempt, 10))))
                     continue
                 raise store_error(self, exc, "write", attempts=attempt) from exc
             except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
@@ -471,7 +474,7 @@ def _enable_wal(cur: Any, db: Database) -> None:
             text = str(exc).lower()
             if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
                 raise
-            time.sleep(random.uniform(0.001, 0.01))
+            time.sleep(_JITTER.uniform(0.001, 0.01))
     if mode != "wal":
         raise sqlite3.OperationalError(
             f"{db.sqlite_path}: SQLite refused WAL journaling (journal_mode={mode}); put the database on a local "
