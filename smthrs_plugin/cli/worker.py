@@ -5,7 +5,7 @@ are woken at their deadlines, released and stale runs are taken over, cancellati
 
     smthrs worker --flow nightly=mypkg.flows:nightly [--plan release.yaml] [--budget S] [--max-runs N]
     smthrs worker --flow nightly=mypkg.flows:nightly --run r1 [--json]
-    smthrs worker --flow mypkg.flows:prefect_flow [--run r1]        # a Prefect @flow
+    smthrs worker --flow mypkg.flows:prefect_flow [--run r1 [--param day=2026-11-30]...]   # a Prefect @flow
 
 Invariants:
 
@@ -139,6 +139,13 @@ def worker(
         str | None,
         typer.Option("--run", help="Drive RUN_ID[=FLOW] once in the foreground and exit (0/1/75)."),
     ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            help="NAME=VALUE parameter of a new --run of a Prefect flow (VALUE parsed as JSON, else a string).",
+        ),
+    ] = None,
     budget: Annotated[
         float | None,
         typer.Option("--budget", help="In-process wait budget in seconds (default SMTHRS_WAIT_BUDGET_S)."),
@@ -158,7 +165,14 @@ def worker(
 
     try:
         settings = load_settings(workspace=workspace, db_url=db)
-        flows = dict(parse_flow_spec(s) for s in (flow or []))
+        parameters = _parse_params(param) if param else None
+        if parameters is not None and run is None:
+            raise WaitError("invalid_wait", "--param applies to the run given with --run")
+        from smthrs_plugin.hosts._steprun import step_settings
+
+        # A Prefect flow's steps use the workspace (and database) this worker was given.
+        with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
+            flows = dict(parse_flow_spec(s) for s in (flow or []))
         runtime = None
         if plan:
             from smthrs_plugin.runtime import open_runtime
@@ -174,7 +188,8 @@ def worker(
         for name, fn in flows.items():
             driver.register(name, fn)
         if run is not None:
-            outcome = _drive_one(driver, run, flows)
+            with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
+                outcome = _drive_one(driver, run, flows, parameters)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     except KeyboardInterrupt:
@@ -191,7 +206,24 @@ def worker(
         runtime.close()
 
 
-def _drive_one(driver: Any, spec: str, flows: dict[str, Any]) -> Any:
+def _parse_params(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        if not eq or not name:
+            raise WaitError(
+                "invalid_wait", f"--param {item!r}: write NAME=VALUE (e.g. --param day=2026-11-30)"
+            )
+        try:
+            out[name] = json.loads(raw)
+        except ValueError:
+            out[name] = raw  # like Prefect's own --param: a value that is not JSON is a string
+    return out
+
+
+def _drive_one(
+    driver: Any, spec: str, flows: dict[str, Any], parameters: dict[str, Any] | None = None
+) -> Any:
     signals = 0
 
     def _interrupt(signum: int, _frame: Any) -> None:
@@ -203,8 +235,6 @@ def _drive_one(driver: Any, spec: str, flows: dict[str, Any]) -> Any:
             raise KeyboardInterrupt
         driver.interrupt()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
     run_id, eq, flow_name = spec.partition("=")
     if not run_id:
         raise WaitError("invalid_wait", f"--run {spec!r}: write RUN_ID or RUN_ID=FLOW")
@@ -218,6 +248,17 @@ def _drive_one(driver: Any, spec: str, flows: dict[str, Any]) -> Any:
         raise WaitError(
             "unregistered_flow", f"--run {spec!r}: flow {flow_name!r} is not registered (--flow/--plan)"
         )
+    prefect_flow = getattr(flows[flow_name], "prefect_flow", None)
+    if prefect_flow is not None:
+        from smthrs_plugin.hosts.flows import flow_fn, resolve_parameters
+
+        # Checked before the run is created: a Prefect flow that could not be called is refused, not failed.
+        params = resolve_parameters(
+            prefect_flow, run_id, parameters, runs=driver.runs, journal=driver.journal
+        )
+        driver.register(flow_name, flow_fn(prefect_flow, params))
+    elif parameters is not None:
+        raise WaitError("invalid_wait", f"--param applies to Prefect flows; {flow_name!r} is not one")
     existing = driver.runs.get(run_id)
     if existing is None:
         driver.submit(run_id, flow_name)
@@ -227,7 +268,12 @@ def _drive_one(driver: Any, spec: str, flows: dict[str, Any]) -> Any:
             f"run {run_id!r} is a run of flow {existing.flow!r}, not {flow_name!r}",
             run_id=run_id,
         )
-    return driver.drive(run_id)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return driver.drive(run_id)
+    finally:
+        for sig, handler in previous.items():  # a caller in the same process gets its handlers back
+            signal.signal(sig, handler)
 
 
 def _outcome_line(outcome: Any) -> str:

@@ -61,6 +61,7 @@ __all__ = [
     "ParkedFlowRun",
     "flow_name",
     "context_for_call",
+    "bind_flow_run",
     "run_context",
     "driving",
     "pause_flow_run",
@@ -147,6 +148,23 @@ def _bound() -> _FlowRun | None:
         if fr is None:
             fr = _FLOW_RUNS[flow_run_id] = _bind(flow_run_id, frc)
         return fr
+
+
+def bind_flow_run(flow: Any, flow_run: Any) -> None:
+    """Bind a flow run from a Prefect state hook (which runs before the flow run's context is entered): a
+    driver's flow run is recorded as it starts, whatever its body does."""
+    flow_run_id = str(flow_run.id)
+    with _FR_LOCK:
+        if flow_run_id not in _FLOW_RUNS:
+            _FLOW_RUNS[flow_run_id] = _bind(flow_run_id, _Started(flow, dict(flow_run.parameters or {})))
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What ``_bind`` reads of a flow run context, from a state hook's arguments."""
+
+    flow: Any
+    parameters: dict[str, Any]
 
 
 def context_for_call() -> StepContext | None:

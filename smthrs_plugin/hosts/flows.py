@@ -13,14 +13,16 @@ Invariants
 - What the drive stores is the same as a direct call's: ``{"flow_run_id", "state"}``, never the flow's return
   value (a Prefect flow may return anything; the run is a journal, not a result store). A failed flow run fails
   the run with the flow's exception.
-- :func:`durable_run` refuses before writing anything: a run of another flow under that id, or parameters other
-  than the ones the run was started with (``WaitError(parameters_mismatch)``) — an id names ONE computation.
+- :func:`durable_run` (and ``smthrs worker --run``) refuse before writing anything: a run of another flow under
+  that id, parameters other than the ones the run was started with (``WaitError(parameters_mismatch)``: an id
+  names ONE computation), parameters that are not plain JSON or do not fit the flow's signature.
 
 Prior art: Temporal's workflow id (re-submitting an id continues or answers for that one execution).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,11 +30,13 @@ from ..canonical import canonical_bytes
 from ..engine.active_run import DriveOutcome, FlowCompleted
 from ..engine.context import RunContext
 from ..engine.driver import FlowFn, RunDriver
+from ..engine.journal import Journal
+from ..engine.runs import RunStore
 from ..errors import CanonicalError, WaitError
-from ._flowrun import driving, flow_name, recorded_parameters
+from ._flowrun import bind_flow_run, driving, flow_name, recorded_parameters
 from ._steprun import current_spec, step_settings
 
-__all__ = ["durable_run", "flow_fn", "flow_name", "is_prefect_flow"]
+__all__ = ["durable_run", "flow_fn", "flow_name", "is_prefect_flow", "resolve_parameters"]
 
 
 def is_prefect_flow(obj: object) -> bool:
@@ -51,6 +55,9 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
     if not is_prefect_flow(flow):
         raise WaitError("invalid_wait", f"flow_fn takes a Prefect @flow, not {flow!r}")
     fallback = dict(parameters or {})
+    # Bound as the flow run starts, not at its first smthrs call: a drive records its flow run and parameters even
+    # when the body never calls a step or a wait (a later drive must call it with the same parameters).
+    bound_flow = flow.with_options(on_running=[*flow.on_running_hooks, _bind_on_running])
     # Drives run on the driver's threads, where the registering thread's step_settings are not visible: the steps
     # use the workspace and artifacts of the registration and, always, the database of the run being driven.
     spec = current_spec()
@@ -68,13 +75,60 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
             ),
             driving(ctx),
         ):
-            state = flow(**params, return_state=True)
+            state = bound_flow(**params, return_state=True)
         if not state.is_completed():
             state.result()  # raises the flow's own exception: the run fails with it
             raise RuntimeError(f"flow run ended {state.name!r} without an exception")  # pragma: no cover
         return FlowCompleted({"flow_run_id": str(state.state_details.flow_run_id), "state": str(state.name)})
 
+    drive.prefect_flow = flow  # type: ignore[attr-defined]  # lets a CLI worker re-register it with parameters
     return drive
+
+
+def _bind_on_running(flow: Any, flow_run: Any, state: Any) -> None:
+    bind_flow_run(flow, flow_run)
+
+
+def resolve_parameters(
+    flow: Any, run_id: str, parameters: Mapping[str, Any] | None, *, runs: RunStore, journal: Journal
+) -> dict[str, Any]:
+    """The parameters a drive of ``run_id`` calls ``flow`` with — the recorded ones for a run that has them, else
+    ``parameters`` — after every check, before anything is written: the run belongs to this flow
+    (``invalid_wait``), ``parameters`` agree with the recorded ones (``parameters_mismatch``), are plain JSON
+    (``unresumable_flow``) and bind to the flow's signature (``invalid_wait``)."""
+    name = flow_name(flow)
+    existing = runs.get(run_id)
+    recorded: dict[str, Any] | None = None
+    if existing is not None:
+        if existing.flow != name:
+            raise WaitError(
+                "invalid_wait",
+                f"run {run_id!r} is a run of {existing.flow!r}, not of {name!r}; choose another run id",
+                run_id=run_id,
+            )
+        recorded = recorded_parameters(journal, run_id)
+    if recorded is not None:
+        if parameters is not None and _canon(parameters) != _canon(recorded):
+            raise WaitError(
+                "parameters_mismatch",
+                f"run {run_id!r} was started with parameters {recorded!r}, not {dict(parameters)!r}; resume it "
+                "without parameters, or choose another run id for another computation",
+                run_id=run_id,
+            )
+        params = recorded
+    else:
+        params = dict(parameters or {})
+        _canon(params)  # a run a driver could never call again is refused before it exists
+    try:
+        inspect.signature(flow.fn).bind(**params)
+    except TypeError as exc:
+        raise WaitError(
+            "invalid_wait",
+            f"flow {flow.name!r} cannot be called with parameters {sorted(params)}: {exc}; pass them with "
+            f"sp.durable_run(flow, {run_id!r}, {{...}}) or smthrs worker --run {run_id} --param NAME=VALUE",
+            run_id=run_id,
+        ) from exc
+    return params
 
 
 def durable_run(
@@ -87,32 +141,17 @@ def durable_run(
     """Drive the Prefect ``flow`` as the durable run ``run_id`` in this process, once, and return how the drive
     ended: ``DriveSettled`` (completed, failed or cancelled), ``DriveParked`` (waiting on a timer, an event or an
     approval — the process may exit; calling again continues it), ``DriveReleased``, or ``DriveNotClaimed`` (a
-    live process is driving it). The first call creates the run; later calls with the same id resume it.
+    live process is driving it). The first call creates the run; later calls with the same id resume it with the
+    parameters it started with (see :func:`resolve_parameters` for what is refused, before anything is written).
     Uses the runtime of ``sp.step_settings`` / ``SMTHRS_*``; ``budget_s`` overrides ``SMTHRS_WAIT_BUDGET_S``."""
-    name = flow_name(flow)
-    fn = flow_fn(flow, parameters)
+    if not is_prefect_flow(flow):
+        raise WaitError("invalid_wait", f"durable_run takes a Prefect @flow, not {flow!r}")
     rt = current_spec().open()
-    existing = rt.runs.get(run_id)
-    if existing is not None:
-        if existing.flow != name:
-            raise WaitError(
-                "invalid_wait",
-                f"run {run_id!r} is a run of {existing.flow!r}, not of {name!r}; choose another run id",
-                run_id=run_id,
-            )
-        recorded = recorded_parameters(rt.journal, run_id)
-        if parameters is not None and recorded is not None and _canon(parameters) != _canon(recorded):
-            raise WaitError(
-                "parameters_mismatch",
-                f"run {run_id!r} was started with parameters {recorded!r}, not {dict(parameters)!r}; resume it "
-                "without parameters, or choose another run id for another computation",
-                run_id=run_id,
-            )
-    elif parameters is not None:
-        _canon(parameters)  # refused before the run exists: a driver could never call it again
+    params = resolve_parameters(flow, run_id, parameters, runs=rt.runs, journal=rt.journal)
+    name = flow_name(flow)
     driver = RunDriver(rt.db, settings=rt.settings, journal=rt.journal, wait_budget_s=budget_s)
-    driver.register(name, fn)
-    if existing is None:
+    driver.register(name, flow_fn(flow, params))
+    if rt.runs.get(run_id) is None:
         driver.submit(run_id, name)
     return driver.drive(run_id)
 

@@ -312,3 +312,36 @@ def test_a_wait_inside_a_step_body_is_refused_because_a_cache_hit_would_skip_it(
     assert record is not None and record.error["code"] == "invalid_wait" and "@step" in record.error["message"]
     types = {e.type for e in rt.journal.read("in-step-1", limit=500)}
     assert "control.approval.requested" not in types and "clock-scheduled" not in types  # nothing was written
+
+
+@flow(persist_result=False)
+def needs_day(day: str, pages: int = 1) -> str:
+    return f"{day}:{pages}"
+
+
+def test_a_flow_that_cannot_be_called_with_its_parameters_is_refused_before_the_run_exists(ws: Path) -> None:
+    rt = current_spec().open()
+    for params in (None, {"day": "d", "nope": 1}, {"day": {1, 2}}):
+        with pytest.raises(WaitError) as refused:
+            sp.durable_run(needs_day, "day-1", params)
+        assert refused.value.code in ("invalid_wait", "unresumable_flow")
+    assert rt.runs.get("day-1") is None
+
+
+def test_smthrs_worker_run_takes_params_for_a_new_run_and_refuses_other_ones_later(ws: Path, db_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from smthrs_plugin.cli import app
+
+    runner = CliRunner()
+    base = ["worker", "--flow", "test_flow_waits:needs_day", "--workspace", str(ws), "--db", db_url, "--json"]
+    first = runner.invoke(app, [*base, "--run", "day-2", "--param", "day=2026-11-30", "--param", "pages=3"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["status"] == "completed"
+    rt = current_spec().open()
+    (record,) = [e.payload for e in rt.journal.read("day-2") if e.type == "prefect-flow-run"]
+    assert record["parameters"] == {"day": "2026-11-30", "pages": 3}  # JSON where it parses, else a string
+    other = runner.invoke(app, [*base, "--run", "day-2", "--param", "day=2026-12-01"])
+    assert other.exit_code == 2 and json.loads(other.output)["error"]["code"] == "parameters_mismatch"
+    missing = runner.invoke(app, [*base, "--run", "day-3"])
+    assert missing.exit_code == 2 and rt.runs.get("day-3") is None
