@@ -22,6 +22,7 @@ Prior art: Temporal's workflow id (re-submitting an id continues or answers for 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -76,6 +77,8 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
             driving(ctx),
         ):
             state = bound_flow(**params, return_state=True)
+            if inspect.isawaitable(state):  # an async flow: the driver's thread has no event loop of its own
+                state = asyncio.run(_awaited(state))
         if not state.is_completed():
             state.result()  # raises the flow's own exception: the run fails with it
             raise RuntimeError(f"flow run ended {state.name!r} without an exception")  # pragma: no cover
@@ -83,6 +86,10 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
 
     drive.prefect_flow = flow  # type: ignore[attr-defined]  # lets a CLI worker re-register it with parameters
     return drive
+
+
+async def _awaited(pending: Any) -> Any:
+    return await pending
 
 
 def _bind_on_running(flow: Any, flow_run: Any, state: Any) -> None:

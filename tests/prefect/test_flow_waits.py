@@ -345,3 +345,20 @@ def test_smthrs_worker_run_takes_params_for_a_new_run_and_refuses_other_ones_lat
     assert other.exit_code == 2 and json.loads(other.output)["error"]["code"] == "parameters_mismatch"
     missing = runner.invoke(app, [*base, "--run", "day-3"])
     assert missing.exit_code == 2 and rt.runs.get("day-3") is None
+
+
+@flow(persist_result=False)
+async def async_nightly(n: int = 1) -> int:
+    built = build(n)
+    sp.sleep(1.0, name="cool-down")
+    return built
+
+
+def test_an_async_flow_parks_and_a_later_drive_resumes_it_after_its_deadline(ws: Path) -> None:
+    out = sp.durable_run(async_nightly, "async-1", {"n": 7}, budget_s=0)
+    assert isinstance(out, DriveParked) and isinstance(out.wait, TimerWait)
+    while time.time() * 1000 < out.wait.wake_at_ms:
+        time.sleep(0.05)
+    done = sp.durable_run(async_nightly, "async-1", budget_s=0)
+    assert isinstance(done, DriveSettled) and done.status == "completed"
+    assert EXECUTED == ["build:7"]  # served clean on the second drive
