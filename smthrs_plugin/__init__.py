@@ -5,7 +5,8 @@ approval gates and durable waits, with artifacts stored through fsspec (local di
 
 This module is the public face: everything a flow author, a data team or a CI job needs is importable from here.
 Prefect-backed names (``step``, ``Step``, ``step_settings``, ``PrefectHost``, ``run_plan_in_flow``,
-``durable_run``) load on first use, so ``import smthrs_plugin`` (and ``smthrs --help``) never pays for importing Prefect.
+``durable_run``) load on first use, so ``import smthrs_plugin`` (and ``smthrs --help``) never pays for importing
+Prefect.
 """
 
 from __future__ import annotations

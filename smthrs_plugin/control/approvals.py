@@ -386,8 +386,8 @@ def require_approval(
     envelope: Envelope | Mapping[str, Any] | None = None,
     digest: str | None = None,
 ) -> Approved:
-    """Inside a driven run (a ``@step`` flow): ask for the node approval ``request_id`` and continue only once it
-    is approved. Pending parks the run ``waiting-approval`` (the process may exit; ``smthrs approve RUN_ID
+    """Inside a run (a Prefect ``@flow`` body, a flow a run driver drives, a plan node): ask for the node approval
+    ``request_id`` and continue only once it is approved. Pending parks the run ``waiting-approval`` (the process may exit; ``smthrs approve RUN_ID
     --request R`` then resumes it); denied raises :class:`~smthrs_plugin.errors.ApprovalDenied`. Refused inside a
     ``@step`` body (a cache hit would skip it): ask in the flow body, before the step."""
     check_wait_allowed("sp.require_approval")

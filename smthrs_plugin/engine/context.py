@@ -58,7 +58,6 @@ __all__ = [
     "activate",
     "current_run",
     "maybe_current_run",
-    "activated_run",
     "register_provider",
     "ContextProvider",
     "waits_forbidden",
@@ -253,11 +252,6 @@ def register_provider(provider: ContextProvider) -> None:
     must be cheap when it has nothing to say: it is asked on every wait outside an explicit activation."""
     if provider not in _PROVIDERS:
         _PROVIDERS.append(provider)
-
-
-def activated_run() -> RunContext | None:
-    """The run explicitly activated on this thread (:func:`activate`), ignoring providers."""
-    return _CURRENT.get()
 
 
 def maybe_current_run() -> RunContext | None:

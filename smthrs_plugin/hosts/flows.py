@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,8 +43,6 @@ __all__ = ["durable_run", "flow_fn", "flow_name", "is_prefect_flow", "resolve_pa
 
 def is_prefect_flow(obj: object) -> bool:
     """True for a Prefect ``Flow`` object (checked without importing Prefect when the caller has not)."""
-    import sys
-
     prefect = sys.modules.get("prefect")
     return prefect is not None and isinstance(obj, prefect.Flow)
 
