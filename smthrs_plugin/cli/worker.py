@@ -192,8 +192,11 @@ def worker(
                 outcome = _drive_one(driver, run, flows, parameters)
     except SmthrsError as exc:
         _refuse(as_json, exc)
-    except KeyboardInterrupt:
-        # A second signal while driving --run: the driver released the run (resumable by any worker), never cancelled.
+    except BaseException as exc:
+        # A second signal while driving --run (KeyboardInterrupt), or SIGTERM inside a Prefect flow (Prefect turns
+        # it into its TerminationSignal): the driver released the run (resumable by any worker), never cancelled.
+        if not _interrupted(exc):
+            raise
         typer.echo(
             json.dumps({"run_id": run, "outcome": "interrupted"}) if as_json else "interrupted; run released"
         )
@@ -204,6 +207,13 @@ def worker(
     _serve(driver, grace, as_json)
     if runtime is not None:
         runtime.close()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    prefect_exceptions = sys.modules.get("prefect.exceptions")
+    return prefect_exceptions is not None and isinstance(exc, prefect_exceptions.TerminationSignal)
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:

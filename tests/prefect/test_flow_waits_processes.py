@@ -117,3 +117,34 @@ def test_a_flow_killed_mid_sleep_is_stolen_by_a_worker_and_wakes_at_its_original
     assert marks.read_text().splitlines() == [f"first:{first.pid}", f"after-nap:{worker.pid}"]
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0
+
+
+def test_sigterm_while_a_worker_drives_a_prefect_flow_releases_the_run_and_exits_75(
+    tmp_path: Path, db_url: str, procs: list[subprocess.Popen[str]]
+) -> None:
+    (tmp_path / "napflow.py").write_text(FLOW_PY)
+    env = {
+        **os.environ,
+        **FAST,
+        "SMTHRS_WORKSPACE": str(tmp_path),
+        "SMTHRS_DB_URL": db_url,
+        "MARKS": str(tmp_path / "marks.txt"),
+    }
+    argv = ["worker", "--flow", "napflow:napper", "--run", "nap-9", "--param", "label=v9", "--param", "seconds=600"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "smthrs_plugin", *argv, "--json"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(worker)
+    db = open_database(db_url)
+    waits = WaitStore(db)
+    _eventually(lambda: waits.clock("prefect/napper", "nap-9", "nap"))  # sleeping in-process (budget 120 s)
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=60)
+    assert worker.returncode == 75, out
+    rec = RunStore(db).get("nap-9")
+    assert rec is not None and rec.status == "suspended"  # released, never cancelled
+    assert rec.waiting is not None and rec.waiting.reason == "released"
