@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 FLOW_PREFIX = "prefect/"
 RECORD_TYPE = "prefect-flow-run"
 _PARKED_STATE = "Parked"
+#: How a parked Prefect flow's run comes back (a plan run says its own way: ``pause_flow_run(resume=...)``).
+FLOW_RESUME = "a worker that registers this flow resumes it: smthrs worker --flow MODULE:FLOW"
 
 
 def flow_name(flow: Any) -> str:
@@ -330,10 +332,11 @@ def _park_direct(flow_run_id: str, signal: RunParked) -> RunParked:
     return pause_flow_run(signal)
 
 
-def pause_flow_run(signal: RunParked) -> RunParked:
-    """Mark the current Prefect flow run Paused (``Parked``) and return the signal to raise: a
-    :class:`ParkedFlowRun` carrying that state. If Prefect cannot be told (API down), the plain signal is
-    returned and the reason logged: the durable park does not depend on Prefect's display."""
+def pause_flow_run(signal: RunParked, resume: str = FLOW_RESUME) -> RunParked:
+    """Mark the current Prefect flow run Paused (``Parked``; its message says what the run waits for and, from
+    ``resume``, how it comes back) and return the signal to raise: a :class:`ParkedFlowRun` carrying that state.
+    If Prefect cannot be told (API down), the plain signal is returned and the reason logged: the durable park
+    does not depend on Prefect's display."""
     frc = _prefect_flow_run()
     if frc is None:
         return signal
@@ -341,7 +344,7 @@ def pause_flow_run(signal: RunParked) -> RunParked:
         from prefect.client.orchestration import get_client
         from prefect.states import Paused
 
-        state: Any = Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal))
+        state: Any = Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal, resume))
         with get_client(sync_client=True) as client:
             result = client.set_flow_run_state(frc.flow_run.id, state, force=True)
         if result.state is not None:
@@ -389,23 +392,17 @@ def _mark_resumed(previous: str, current: str) -> None:
         log.warning("could not show flow run %s as resumed in Prefect: %r", previous, exc)
 
 
-def _describe(signal: RunParked) -> str:
+def _describe(signal: RunParked, resume: str) -> str:
     run = signal.run_id
     if signal.kind == "timer" and signal.due_at_ms is not None:
         due = datetime.fromtimestamp(signal.due_at_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
-        return (
-            f"smthrs run {run} parked until {due} (timer {signal.name!r}); a worker that registers this flow "
-            f"resumes it then: smthrs worker --flow MODULE:FLOW"
-        )
+        return f"smthrs run {run} parked until {due} (timer {signal.name!r}); then {resume}"
     if signal.kind == "approval":
         return (
-            f"smthrs run {run} waits for approval {signal.name!r}: smthrs approve {run} --request {signal.name}, "
-            "then a worker (smthrs worker --flow MODULE:FLOW) resumes it"
+            f"smthrs run {run} waits for approval {signal.name!r}: smthrs approve {run} --request {signal.name}; "
+            f"then {resume}"
         )
-    return (
-        f"smthrs run {run} waits for {signal.name!r}: sp.complete({run!r}, {signal.name!r}, value) wakes it, "
-        "then a worker (smthrs worker --flow MODULE:FLOW) resumes it"
-    )
+    return f"smthrs run {run} waits for {signal.name!r}: sp.complete({run!r}, {signal.name!r}, value); then {resume}"
 
 
 def _records(journal: Journal, run_id: str) -> Iterator[dict[str, Any]]:

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..canonical import sha256_hex
+from ..engine.context import RunParked
 from ..errors import SchedulerError, SettingsError
 from ..plan import Concurrency, Plan
 from ..runtime import Runtime
@@ -42,6 +43,7 @@ from ..scheduler.host import default_workers
 from ..scheduler.job import JobOutcome, NodeJob, error_line, is_conflict
 from ..scheduler.model import Report
 from ..scheduler.scheduler import Executor
+from ._flowrun import pause_flow_run
 from ._worker import WorkerDispatcher
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -353,7 +355,15 @@ def run_plan_in_flow(
     def body() -> Report:
         if not flow_run_active():  # pragma: no cover - Prefect guarantees it
             raise SchedulerError("store_failed", "internal: no flow run context inside the smthrs flow")
-        return rt.scheduler(run_id, concurrency=concurrency).run(plan, executor)
+        try:
+            return rt.scheduler(run_id, concurrency=concurrency).run(plan, executor)
+        except RunParked as parked:
+            # The plan run is already parked (the runtime's run driver wrote it): show the flow run Paused
+            # ("Parked"), not Crashed. The signal raised is still a RunParked for the caller.
+            raise pause_flow_run(
+                parked,
+                f"`smthrs resume {run_id} --key K` (or the same `smthrs run` again) continues it",
+            ) from None
 
     smthrs_flow: Flow[[], Report] = Flow(
         body,

@@ -201,3 +201,22 @@ def test_smthrs_run_prefect_wraps_the_run_in_a_flow_run(
         (tr,) = _final(prefect_api, fr["id"], 1)
         assert tr["name"] == "upper #1"
         assert tr["state"]["name"] == ("Completed" if fr["name"] == "cli-1" else "Cached")
+
+
+def test_smthrs_run_prefect_shows_a_run_parked_on_a_node_approval_as_paused_not_crashed(
+    ws: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (ws / "plan.yaml").write_text(
+        "plan: gated\nflow: ci/gated\nnodes:\n"
+        '  - id: build\n    run: "true"\n'
+        '  - id: deploy\n    run: "true"\n    needs: [build]\n    approval: {request: ship}\n'
+    )
+    monkeypatch.chdir(ws)
+    from smthrs_plugin.cli import app
+
+    parked = CliRunner().invoke(app, ["run", "plan.yaml", "--prefect", "--json", "--key", "gated:1"])
+    assert parked.exit_code == 75, parked.output
+    (fr,) = api_post(prefect_api, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [json.loads(
+        parked.output.strip().splitlines()[-1])["run_id"]]}}})  # fmt: skip
+    assert (fr["state"]["type"], fr["state"]["name"]) == ("PAUSED", "Parked")
+    assert "approval 'ship'" in fr["state"]["message"]
