@@ -220,3 +220,5 @@ def test_smthrs_run_prefect_shows_a_run_parked_on_a_node_approval_as_paused_not_
         parked.output.strip().splitlines()[-1])["run_id"]]}}})  # fmt: skip
     assert (fr["state"]["type"], fr["state"]["name"]) == ("PAUSED", "Parked")
     assert "approval 'ship'" in fr["state"]["message"]
+    with sp.open_runtime(ws) as rt:  # the plan run is the only run, and nothing is left running
+        assert [(r.flow, r.status) for r in rt.runs.list()] == [("ci/gated", "suspended")]
