@@ -348,10 +348,6 @@ def _assert_plain_copy(out: Any, original: Any) -> None:
             stack.extend(x.values() if t is dict else x)
 
 
-# Hypothesis flags ANY change of the global `random` state during a draw, from any thread. In the full suite,
-# Prefect's background threads (client retry jitter, observation delivery) draw from it while this test runs;
-# the strategies here use none (this file passes alone under -W error::HypothesisDeprecationWarning).
-@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(
     max_examples=10_000,
     deadline=None,
