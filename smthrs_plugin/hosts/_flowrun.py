@@ -144,21 +144,26 @@ def _bound() -> _FlowRun | None:
     frc = _prefect_flow_run()
     if frc is None:
         return None
-    flow_run_id = str(frc.flow_run.id)
-    with _FR_LOCK:
-        fr = _FLOW_RUNS.get(flow_run_id)
-        if fr is None:
-            fr = _FLOW_RUNS[flow_run_id] = _bind(flow_run_id, frc)
-        return fr
+    return _bind_once(str(frc.flow_run.id), frc)
 
 
 def bind_flow_run(flow: Any, flow_run: Any) -> None:
     """Bind a flow run from a Prefect state hook (which runs before the flow run's context is entered): a
     driver's flow run is recorded as it starts, whatever its body does."""
-    flow_run_id = str(flow_run.id)
+    _bind_once(str(flow_run.id), _Started(flow, dict(flow_run.parameters or {})))
+
+
+def _bind_once(flow_run_id: str, frc: Any) -> _FlowRun:
     with _FR_LOCK:
-        if flow_run_id not in _FLOW_RUNS:
-            _FLOW_RUNS[flow_run_id] = _bind(flow_run_id, _Started(flow, dict(flow_run.parameters or {})))
+        fr = _FLOW_RUNS.get(flow_run_id)
+        if fr is not None:
+            return fr
+        fr, earlier = _bind(flow_run_id, frc)
+        _FLOW_RUNS[flow_run_id] = fr
+    # Prefect API calls, outside the lock: other flow runs of this process keep binding meanwhile.
+    for previous in earlier:
+        _mark_resumed(previous, flow_run_id)
+    return fr
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,8 @@ def _plain_parameters(parameters: Any) -> tuple[dict[str, Any], str | None]:
     return params, None
 
 
-def _bind(flow_run_id: str, frc: Any) -> _FlowRun:
+def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]]:
+    """The binding of a new flow run, and the earlier incarnations of its run to show as resumed."""
     spec = current_spec()
     rt = spec.open()
     name = flow_name(frc.flow)
@@ -212,11 +218,8 @@ def _bind(flow_run_id: str, frc: Any) -> _FlowRun:
     rt.journal.append(
         run.run_id, RECORD_TYPE, payload, source_id=f"prefect/flow-run/{flow_run_id}", source_seq=0
     )
-    for previous in earlier:
-        if previous != flow_run_id:
-            _mark_resumed(previous, flow_run_id)
     ctx = StepContext(run.run_id, run.owner, spec, flow_run_id)
-    return _FlowRun(ctx, rt, run, active, params_error)
+    return _FlowRun(ctx, rt, run, active, params_error), [p for p in earlier if p != flow_run_id]
 
 
 def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
