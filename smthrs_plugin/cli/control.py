@@ -6,6 +6,7 @@
     smthrs approve PLAN_ID|RUN_ID [--request R] [--digest D] [--scope once|run|remembered] [--as ID/KIND] [--key K]
     smthrs deny    PLAN_ID|RUN_ID [--request R] [--digest D] [--as ID/KIND] [--key K]
     smthrs resume RUN_ID --key K [--as ID/KIND] [--steps N] [--agents N] [--prefect]
+    smthrs resume RUN_ID --key K --flow MODULE:FLOW                 # a flow's run (a Prefect @flow, or NAME=M:F)
     smthrs cancel RUN_ID [--as ID/KIND] [--reason TEXT]
 
 (``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/run.py``.) Invariant: each command opens the runtime named
@@ -244,6 +245,13 @@ def resume_command(
     steps: Annotated[int | None, typer.Option("--steps", help="Cap on nodes in flight.")] = None,
     agents: Annotated[int | None, typer.Option("--agents", help="Cap on agent nodes in flight.")] = None,
     prefect: Annotated[bool, typer.Option("--prefect", help="Drive it inside a Prefect flow run.")] = False,
+    flow: Annotated[
+        str | None,
+        typer.Option(
+            "--flow",
+            help="A flow's run, not a plan's: drive it with MODULE:FLOW (a Prefect @flow) or NAME=MODULE:FUNCTION.",
+        ),
+    ] = None,
     workspace: WorkspaceOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -251,6 +259,8 @@ def resume_command(
     """Drive a run again now (after a node approval, or a crash): settled nodes replay clean."""
     from smthrs_plugin.runtime import open_runtime
 
+    if flow is not None:
+        raise typer.Exit(_resume_flow(run_id, key, flow, as_, workspace, db, as_json))
     try:
         with open_runtime(workspace=workspace, db=db) as rt:
             control = rt.control()
@@ -264,6 +274,33 @@ def resume_command(
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
     raise typer.Exit(code)
+
+
+def _resume_flow(
+    run_id: str, key: str, spec: str, as_: str | None, workspace: Path | None, db: str | None, as_json: bool
+) -> int:
+    """``resume --flow``: the receipt as for any resume (Terminal / Parked answered before anything runs), then
+    ONE drive of the run with the flow's code in this process; the answer reads the run's state after it."""
+    from smthrs_plugin.cli.worker import drive_one, parse_flow_spec
+    from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
+    from smthrs_plugin.engine.driver import RunDriver
+    from smthrs_plugin.hosts._steprun import step_settings
+    from smthrs_plugin.runtime import open_runtime
+
+    try:
+        with open_runtime(workspace=workspace, db=db) as rt:
+            with step_settings(workspace=rt.workspace, db=rt.db.url):
+                name, fn = parse_flow_spec(spec)  # refused (exit 2) before the receipt is recorded
+            control = rt.control()
+            receipt = control.resume(run_id, idempotency_key=key, principal=parse_principal(as_))
+            if isinstance(receipt, (Accepted, AlreadyApplied)):
+                driver = RunDriver(rt.db, settings=rt.settings)
+                driver.register(name, fn)
+                with step_settings(workspace=rt.workspace, db=rt.db.url):
+                    drive_one(driver, f"{run_id}={name}", {name: fn})
+            return answer(control, receipt, as_json=as_json, operation="resume")
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
 
 
 def cancel_command(

@@ -40,7 +40,7 @@ import typer
 
 from smthrs_plugin.errors import SmthrsError, WaitError
 
-__all__ = ["register", "worker", "parse_flow_spec", "outcome_exit_code"]
+__all__ = ["register", "worker", "parse_flow_spec", "outcome_exit_code", "drive_one"]
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_PARKED = 0, 1, 2, 75
 
@@ -189,7 +189,7 @@ def worker(
             driver.register(name, fn)
         if run is not None:
             with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
-                outcome = _drive_one(driver, run, flows, parameters)
+                outcome = drive_one(driver, run, flows, parameters)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     except BaseException as exc:
@@ -231,9 +231,9 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _drive_one(
-    driver: Any, spec: str, flows: dict[str, Any], parameters: dict[str, Any] | None = None
-) -> Any:
+def drive_one(driver: Any, spec: str, flows: dict[str, Any], parameters: dict[str, Any] | None = None) -> Any:
+    """Drive ``RUN_ID[=FLOW]`` once on this thread (created if new) and return the drive outcome; refusals
+    (unknown flow, a run of another flow, parameters a Prefect flow cannot take) come before any write."""
     signals = 0
 
     def _interrupt(signum: int, _frame: Any) -> None:

@@ -506,9 +506,10 @@ class Control:
                 # Refused before anything is written: this plane cannot drive what it did not launch.
                 raise ControlError(
                     "run_not_found",
-                    f"run {run_id!r} (flow {row.flow!r}) was not launched by the control plane, so resume cannot "
-                    f"drive it: run `smthrs worker --flow MODULE:FLOW --run {run_id}` with the flow's code (a "
-                    "Prefect @flow, or NAME=MODULE:FUNCTION)",
+                    f"run {run_id!r} (flow {row.flow!r}) was not launched by the control plane, so a plan resume "
+                    f"cannot drive it: give the flow's code — `smthrs resume {run_id} --key K --flow MODULE:FLOW` "
+                    f"or `smthrs worker --flow MODULE:FLOW --run {run_id}` (a Prefect @flow, or "
+                    "NAME=MODULE:FUNCTION)",
                     run_id=run_id,
                 )
             if row.status == "suspended" and row.waiting_reason == WAITING_APPROVAL_REASON:

@@ -362,3 +362,29 @@ def test_an_async_flow_parks_and_a_later_drive_resumes_it_after_its_deadline(ws:
     done = sp.durable_run(async_nightly, "async-1", budget_s=0)
     assert isinstance(done, DriveSettled) and done.status == "completed"
     assert EXECUTED == ["build:7"]  # served clean on the second drive
+
+
+def test_smthrs_resume_with_flow_answers_parked_then_drives_the_flows_run_once_approved(
+    ws: Path, db_url: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from smthrs_plugin.cli import app
+
+    assert isinstance(sp.durable_run(gated, "release-3", {"n": 2}), DriveParked)
+    runner = CliRunner()
+    opts = ["--workspace", str(ws), "--db", db_url, "--json"]
+    resume = ["resume", "release-3", "--flow", "test_flow_waits:gated", *opts]
+    waiting = runner.invoke(app, [*resume, "--key", "r1"])
+    assert waiting.exit_code == 75, waiting.output
+    assert json.loads(waiting.output)["receipt"]["type"] == "Parked" and EXECUTED == ["build:2"]
+    approved = runner.invoke(app, ["approve", "release-3", "--request", "ship", *opts])
+    assert approved.exit_code == 0, approved.output
+    done = runner.invoke(app, [*resume, "--key", "r2"])
+    assert done.exit_code == 0, done.output
+    answer = json.loads(done.output)
+    assert answer["receipt"]["type"] == "Accepted" and answer["status"] == "completed"
+    assert EXECUTED == ["build:2", "publish:4"]  # build served clean, publish ran once
+    again = runner.invoke(app, [*resume, "--key", "r2"])
+    assert again.exit_code == 0 and json.loads(again.output)["receipt"]["type"] == "Terminal"
+    assert EXECUTED == ["build:2", "publish:4"]
