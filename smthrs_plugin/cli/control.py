@@ -288,16 +288,17 @@ def _resume_flow(
     from smthrs_plugin.runtime import open_runtime
 
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
-            with step_settings(workspace=rt.workspace, db=rt.db.url):
-                name, fn = parse_flow_spec(spec)  # refused (exit 2) before the receipt is recorded
+        with (
+            open_runtime(workspace=workspace, db=db) as rt,
+            step_settings(workspace=rt.workspace, db=rt.db.url),
+        ):
+            name, fn = parse_flow_spec(spec)  # refused (exit 2) before the receipt is recorded
             control = rt.control()
             receipt = control.resume(run_id, idempotency_key=key, principal=parse_principal(as_))
             if isinstance(receipt, (Accepted, AlreadyApplied)):
                 driver = RunDriver(rt.db, settings=rt.settings)
                 driver.register(name, fn)
-                with step_settings(workspace=rt.workspace, db=rt.db.url):
-                    drive_one(driver, f"{run_id}={name}", {name: fn})
+                drive_one(driver, f"{run_id}={name}", {name: fn})
             return answer(control, receipt, as_json=as_json, operation="resume")
     except SmthrsError as exc:
         raise fail(as_json, exc) from None

@@ -170,25 +170,25 @@ def worker(
             raise WaitError("invalid_wait", "--param applies to the run given with --run")
         from smthrs_plugin.hosts._steprun import step_settings
 
-        # A Prefect flow's steps use the workspace (and database) this worker was given.
+        # A Prefect flow's steps use the workspace (and database) this worker was given: registration captures it,
+        # and a --run drive re-registers the flow with its parameters inside the same scope.
         with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
             flows = dict(parse_flow_spec(s) for s in (flow or []))
-        runtime = None
-        if plan:
-            from smthrs_plugin.runtime import open_runtime
+            runtime = None
+            if plan:
+                from smthrs_plugin.runtime import open_runtime
 
-            runtime = open_runtime(workspace=settings.workspace, db=settings.resolved_db_url)
-            flows.update(_plan_flows(runtime, plan))
-        if not flows:
-            raise WaitError(
-                "invalid_wait", "register at least one flow: --flow NAME=MODULE:FUNCTION or --plan FILE"
-            )
-        database = open_database(settings.resolved_db_url)
-        driver = RunDriver(database, settings=settings, wait_budget_s=budget, max_runs=max_runs)
-        for name, fn in flows.items():
-            driver.register(name, fn)
-        if run is not None:
-            with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
+                runtime = open_runtime(workspace=settings.workspace, db=settings.resolved_db_url)
+                flows.update(_plan_flows(runtime, plan))
+            if not flows:
+                raise WaitError(
+                    "invalid_wait", "register at least one flow: --flow NAME=MODULE:FUNCTION or --plan FILE"
+                )
+            database = open_database(settings.resolved_db_url)
+            driver = RunDriver(database, settings=settings, wait_budget_s=budget, max_runs=max_runs)
+            for name, fn in flows.items():
+                driver.register(name, fn)
+            if run is not None:
                 outcome = drive_one(driver, run, flows, parameters)
     except SmthrsError as exc:
         _refuse(as_json, exc)
