@@ -125,7 +125,7 @@ class Coordinator:
     def run(self) -> Report:
         try:
             self.merges.recover(self)
-            self._apply(self.graph.initial)
+            self.apply(self.graph.initial)
             self.s.flush()
             while not self.graph.done:
                 batch, settled_now = self._pass()
@@ -190,9 +190,9 @@ class Coordinator:
                 if devs:
                     self._stage(p.node.id, "clean", devs)
                 else:
-                    self._settle(p.node.id, "clean", journal=True)
+                    self.settle(p.node.id, "clean", journal=True)
             else:
-                self._settle(p.node.id, "failed", journal=True, error=p.error)
+                self.settle(p.node.id, "failed", journal=True, error=p.error)
         self.s.flush()
         for p in to_submit:
             self.running[self.s.submit(p)] = p.node.id
@@ -201,13 +201,14 @@ class Coordinator:
     def _on_ready(self, node_id: str) -> None:
         if self.merges.is_stopped(node_id):
             # A durable stop-merge decision: the node settles skipped again, without a new record.
-            self._settle(node_id, "skipped", journal=False, error=self.merges.stopped_error(node_id))
+            self.settle(node_id, "skipped", journal=False, error=self.merges.stopped_error(node_id))
             return
         self.queued.add(node_id)
         self.admission.add_node(self.s.plan.node(node_id))
 
     # ---------------------------------------------------------------------------------------- settlement
-    def _settle(self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None) -> None:
+    def settle(self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None) -> None:
+        """Record ``node_id``'s outcome and propagate it (the merge elaborator settles stop-merge losers here)."""
         self.s.record(node_id, outcome, journal=journal, error=error)
         prop = self.graph.settle(node_id, outcome)
         if node_id in self.admitted:
@@ -216,9 +217,10 @@ class Coordinator:
         elif node_id in self.queued:
             self.queued.discard(node_id)
             self.admission.discard(node_id)
-        self._apply(prop, first=1)
+        self.apply(prop, first=1)
 
-    def _apply(self, prop: Propagation, first: int = 0) -> None:
+    def apply(self, prop: Propagation, first: int = 0) -> None:
+        """Record the settlements a propagation implied and queue the nodes it made ready."""
         for st in sorted(prop.settled[first:], key=lambda x: self.s.positions[x.node]):
             self.s.record(st.node, st.outcome, journal=True)
         for r in prop.ready:
@@ -249,7 +251,7 @@ class Coordinator:
         if r.outcome in _SUCCESS:
             s.set_result(node_id, r.value)
         if job.final is not None:
-            self._settle(node_id, job.final, journal=False, error=error_line(r.error))
+            self.settle(node_id, job.final, journal=False, error=error_line(r.error))
         elif r.outcome in _SUCCESS:
             self._stage(node_id, r.outcome, deviations_of(node_id, r.deviations))
         else:
@@ -281,7 +283,7 @@ class Coordinator:
         ctx = ReconcileContext(s.plan, tuple(s.deviations))
         for v in judge_all(s.cfg.reconciler, [case], ctx):
             s.record_verdict(v)
-        self._settle(node_id, "failed", journal=True, error=error_line(error))
+        self.settle(node_id, "failed", journal=True, error=error_line(error))
 
     # --------------------------------------------------------------------------------- reconciliation page
     def _judge_page(self) -> None:
@@ -300,8 +302,8 @@ class Coordinator:
             assert staged is not None
             failed = [v for v in verdicts if v.tag == "Fail"]
             if failed:
-                self._settle(n, "failed", journal=True, error=getattr(failed[0], "reason", None))
+                self.settle(n, "failed", journal=True, error=getattr(failed[0], "reason", None))
             else:
-                self._settle(n, staged, journal=True)
+                self.settle(n, staged, journal=True)
         s.flush()
         self.merges.maybe_elaborate(self)

@@ -33,7 +33,22 @@ from .inputs import InputStore, MergeDecision, MergeStore, classify_reads, entry
 from .plans import PlanStore, generation_digests
 
 if t.TYPE_CHECKING:  # pragma: no cover
-    from ._coordinator import Coordinator
+    from ..plan import Propagation, RuntimeGraph
+    from ._session import RunSession
+    from .model import Outcome
+
+
+class Coordinator(t.Protocol):
+    """What the elaborator needs of the run's coordinator (its single writer). A protocol rather than an import of
+    ``_coordinator``, which owns this elaborator: the dependency points one way only."""
+
+    s: RunSession
+    graph: RuntimeGraph
+
+    def settle(self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None) -> None: ...
+
+    def apply(self, prop: Propagation, first: int = 0) -> None: ...
+
 
 __all__ = ["MergeElaborator", "merge_node_id", "merge_draft", "measure_pins"]
 
@@ -198,7 +213,7 @@ class MergeElaborator:
             "merge-decided",
             {"plan_id": plan.plan_id, "node_id": loser, "winners": list(winners), "paths": list(paths)},
         )
-        coord._settle(loser, "skipped", journal=True, error=self.stopped[loser].error)
+        coord.settle(loser, "skipped", journal=True, error=self.stopped[loser].error)
 
     # ------------------------------------------------------------------------------------------- elaborate
     def maybe_elaborate(self, coord: Coordinator) -> None:
@@ -258,5 +273,5 @@ class MergeElaborator:
         s.reads.update(reads)
         s.pins = s.pins.merged(new_pins)
         s.merges.append(name)
-        coord._apply(coord.graph.extend(grown))
+        coord.apply(coord.graph.extend(grown))
         s.flush()

@@ -6,23 +6,32 @@ the user can do (``read_only``, ``unreachable``, ``store_failed``) and whose ``c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from ..errors import StoreError
 
-if TYPE_CHECKING:
-    from .database import Database
+__all__ = ["connect", "sqlstate", "store_error", "RETRY_SQLSTATES", "NamedDatabase"]
 
-__all__ = ["connect", "sqlstate", "store_error", "RETRY_SQLSTATES"]
+
+class NamedDatabase(Protocol):
+    """What an error message needs of a database: its URL and dialect. A protocol, not ``Database``, so this
+    module sits below ``database.py`` instead of closing an import circle with it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def dialect(self) -> str: ...
+
 
 #: PostgreSQL serialization failure and deadlock: the whole transaction may be retried.
 RETRY_SQLSTATES = frozenset({"40001", "40P01"})
 
 
-def connect(db: Database, engine: Engine) -> Connection:
+def connect(db: NamedDatabase, engine: Engine) -> Connection:
     try:
         return engine.connect()
     except sa_exc.SQLAlchemyError as exc:
@@ -35,7 +44,7 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 def store_error(
-    db: Database, exc: BaseException, op: str, *, connecting: bool = False, attempts: int | None = None
+    db: NamedDatabase, exc: BaseException, op: str, *, connecting: bool = False, attempts: int | None = None
 ) -> StoreError:
     shown = make_url(db.url).render_as_string(hide_password=True)
     text = str(getattr(exc, "orig", exc) or exc).lower()

@@ -19,17 +19,13 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import SmthrsError, StoreError
-from ._dberrors import connect, store_error
-
-if TYPE_CHECKING:
-    from .database import Database
+from ._dberrors import NamedDatabase, connect, store_error
 
 __all__ = ["ensure_schema", "MIGRATIONS_DIR", "VERSION_TABLE", "known_revisions", "script_heads"]
 
@@ -72,7 +68,7 @@ def script_heads() -> frozenset[str]:
     return _scan()[1]
 
 
-def ensure_schema(db: Database, engine: Engine) -> None:
+def ensure_schema(db: NamedDatabase, engine: Engine) -> None:
     """Bring the database at ``engine`` to the shipped head revision (see module invariants)."""
     try:
         with connect(db, engine) as conn:
