@@ -14,6 +14,12 @@ Three kinds of hit, each for the same small step (one 4 KiB declared read, one 4
 ``key`` is the caller's share: measuring the declared reads and computing ``plan.keys.dispatch_key``. Figures are
 per-hit milliseconds (median, and mean) measured in this one run; ``miss`` is the built dispatch (sandbox +
 settle + publish) for scale. Not a test: nothing is asserted.
+
+Publisher trust (issue 13; every "machine" signs with and trusts one team key): the last block prints what
+signing adds to a hit, measured side by side in this run — on a shared hit, judging the signed document
+(decode + RFC 8785 bytes + Ed25519 verify) vs the unsigned path (decode only), and the fresh listing of revocation
+markers a shared lookup makes; on a warm LOCAL hit, the revocation snapshot check (no round trip). Goal: ≤ 0.1 ms
+added on a warm hit.
 """
 
 from __future__ import annotations
@@ -45,7 +51,10 @@ import sqlalchemy as sa  # noqa: E402
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.boundary import Measurer  # noqa: E402
 from smthrs_plugin.cache import CacheDispatcher  # noqa: E402
+from smthrs_plugin.cache.entry import decode_entry  # noqa: E402
 from smthrs_plugin.cache.requests import node_request  # noqa: E402
+from smthrs_plugin.cache.shared import check_document  # noqa: E402
+from smthrs_plugin.cache.signing import Trust, workspace_key  # noqa: E402
 from smthrs_plugin.stores.artifacts import ArtifactStore  # noqa: E402
 from smthrs_plugin.stores.schema import step_cache  # noqa: E402
 
@@ -63,7 +72,9 @@ DRAFT = sp.node("reverse", body={"cmd": "reverse"}, reads=["in.txt"], writes=["o
 
 
 class Bench:
-    def __init__(self, base: Path, name: str, shared: ArtifactStore, *, one_store: bool) -> None:
+    def __init__(
+        self, base: Path, name: str, shared: ArtifactStore, *, one_store: bool, trust: Trust
+    ) -> None:
         self.root = base / name
         self.ws = self.root / "ws"
         self.ws.mkdir(parents=True)
@@ -72,7 +83,7 @@ class Bench:
         self.artifacts = shared if one_store else ArtifactStore((self.root / "blobs").as_uri())
         self.measurer = Measurer(self.ws)
         self.dispatcher = CacheDispatcher(
-            self.db, self.artifacts, self.ws, shared=shared, measurer=self.measurer
+            self.db, self.artifacts, self.ws, shared=shared, measurer=self.measurer, trust=trust
         )
 
     def one(self, *, drop_row: bool = False, drop_output: bool = False) -> dict[str, float]:
@@ -129,16 +140,17 @@ def main() -> None:
         file_shared = ArtifactStore((base / "shared").as_uri())
         s3_shared = ArtifactStore(f"s3://{bucket}/cache", options)
 
+        team = Trust(workspace_key(base / "team"), (), "configured")
         rows: list[tuple[str, dict[str, tuple[float, float]]]] = []
-        local = Bench(base, "local", file_shared, one_store=True)
+        local = Bench(base, "local", file_shared, one_store=True, trust=team)
         t = time.perf_counter()
         local.one()
         miss_ms = (time.perf_counter() - t) * 1000
         rows.append(("local", run(local, args.hits)))
         rows.append(("local+replay", run(local, args.hits, drop_output=True)))
-        shared_file = Bench(base, "file", file_shared, one_store=False)
+        shared_file = Bench(base, "file", file_shared, one_store=False, trust=team)
         rows.append(("shared file://", run(shared_file, args.shared_hits, drop_row=True, drop_output=True)))
-        s3 = Bench(base, "s3", s3_shared, one_store=False)
+        s3 = Bench(base, "s3", s3_shared, one_store=False, trust=team)
         t = time.perf_counter()
         s3.one()
         s3_miss_ms = (time.perf_counter() - t) * 1000
@@ -155,9 +167,60 @@ def main() -> None:
             "ratios of median totals vs the warm local hit: "
             + ", ".join(f"{n} {s['total'][0] / base_total:.1f}x" for n, s in rows[1:])
         )
+        signing_figures(rows, local, shared_file, s3, args.hits)
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _per_call_us(fn: Any, n: int) -> float:
+    """Median of ``n`` timed calls, in microseconds (after 5 warm-up calls)."""
+    for _ in range(5):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(samples)
+
+
+def signing_figures(
+    rows: list[tuple[str, dict[str, tuple[float, float]]]], local: Bench, file: Bench, s3: Bench, n: int
+) -> None:
+    """Signature verification cost on a hit vs the unsigned path, local and S3, as ratios of this run's hits."""
+    totals = {name: stats["total"][0] for name, stats in rows}
+    key = node_request(DRAFT, run_id="bench", workspace=local.ws, measurer=local.measurer).key
+    hit = local.dispatcher.local.lookup(key)
+    entry = getattr(hit, "entry", None)
+    if entry is None:
+        raise SystemExit("no local entry to measure: the benchmark setup is wrong")
+    revocations = local.dispatcher.shared.revocations
+    local_check = _per_call_us(lambda: revocations.revoking(entry, fresh=False), n)
+    print(
+        "publisher trust (signed entries), added cost per hit, µs (median); ratio = share of that hit's median"
+    )
+    print(
+        f"  warm local hit: revocation snapshot check {local_check:8.1f} µs"
+        f"  ({local_check / 1000 / totals['local'] * 100:.2f}% of {totals['local']:.2f} ms; no round trip)"
+    )
+    for label, bench, row in (("file://", file, "shared file://"), ("s3 (moto)", s3, "shared s3 (moto)")):
+        tier = bench.dispatcher.shared
+        signer = bench.dispatcher.trust.signer
+        assert signer is not None
+        name = f"{entry.name}.{signer.key_id}"
+        data = tier.store.get_entry(name)
+        if data is None:
+            raise SystemExit(f"no shared entry {name}: the benchmark setup is wrong")
+        unsigned = _per_call_us(lambda d=data: decode_entry(d, name=entry.name), n)
+        signed = _per_call_us(lambda d=data, t=tier, nm=name: check_document(nm, d, t.trust), n)
+        listing = _per_call_us(tier.revocations.refresh, max(10, n // 10))
+        added = signed - unsigned
+        print(
+            f"  shared {label:9}: verify {signed:8.1f} vs unsigned decode {unsigned:8.1f} → +{added:6.1f} µs"
+            f" ({added / 1000 / totals[row] * 100:.2f}% of the {totals[row]:.2f} ms hit);"
+            f" revocation listing per lookup {listing / 1000:.2f} ms ({listing / 1000 / totals[row] * 100:.1f}%)"
+        )
 
 
 if __name__ == "__main__":

@@ -165,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         if not fs.exists(bucket):
             fs.mkdir(bucket)
         artifacts = f"s3://{bucket}/cache"
+        # Publisher trust (README "Trusting a shared cache"): both machines sign with, and so trust, one team key;
+        # machine B inherits the variable. Without it each workspace trusts only its own key and B would rebuild.
+        from smthrs_plugin.cache.signing import workspace_key
+
+        os.environ["SMTHRS_CACHE_SIGNING_KEY"] = str(workspace_key(work / "team").path)
         ws_a, ws_b = work / "machine-a", work / "machine-b"
         for ws in (ws_a, ws_b):
             shutil.rmtree(ws, ignore_errors=True)

@@ -221,17 +221,36 @@ class BoundaryRefusal(SmthrsError):
 
 class ReplayError(SmthrsError):
     """Replaying cached outputs failed: ``missing_artifact`` (hydrate and retry once), ``boundary_corruption``
-    (integrity violation: never served), ``unsupported_boundary`` (the cause says why)."""
+    (integrity violation: never served), ``unsupported_boundary`` (the cause says why). A recorded entry that
+    reaches beyond the requesting declaration is refused before anything is written: ``reserved_path`` (an
+    output or removal under ``.smthrs/``, ``.git/`` or ``.venv/``), ``undeclared_output`` (an output the
+    request does not declare written), ``undeclared_removal`` (a removal it does not declare, or one that would
+    delete one of its declared reads)."""
 
     family = "replay"
-    codes = _codes("missing_artifact", "boundary_corruption", "unsupported_boundary")
+    codes = _codes(
+        "missing_artifact",
+        "boundary_corruption",
+        "unsupported_boundary",
+        "reserved_path",
+        "undeclared_output",
+        "undeclared_removal",
+    )
 
 
 class CacheError(SmthrsError):
     """The content-addressed cache refused a publication or a declaration."""
 
     family = "cache"
-    codes = _codes("key_uncomputable", "result_mismatch", "invalid_declaration", "not_found")
+    codes = _codes(
+        "key_uncomputable",
+        "result_mismatch",
+        "invalid_declaration",
+        "not_found",
+        # a step's output over the cache size caps; a publisher key that cannot be read or written
+        "output_too_large",
+        "invalid_key",
+    )
 
 
 class ControlError(SmthrsError):

@@ -28,7 +28,9 @@ from typing import Any
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._metrics import NULL_METRICS, MetricsPort
+from .cache.bounds import SizeCaps
 from .cache.dispatch import CacheDispatcher
+from .cache.signing import trust_from_settings
 from .control.approvals import NodeGate
 from .control.control import Control
 from .engine.active_run import ActiveRun
@@ -151,6 +153,10 @@ class Runtime:
             metrics=metrics,
             clock=clock,
             host_id=owner.host_id,
+            # Publisher trust and size caps (issue 13) from SMTHRS_CACHE_* settings; see cache/signing.py.
+            trust=trust_from_settings(settings, self.workspace),
+            size_caps=SizeCaps.from_settings(settings),
+            revocation_refresh_s=settings.cache_revocation_refresh_s,
         )
         self.measurer = self.dispatcher.measurer
         self.driver = LocalRunDriver(self.runs, self.ownership)

@@ -17,13 +17,68 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import SettingsError
 
-__all__ = ["Settings", "SqliteSynchronous", "load_settings", "sqlite_synchronous_setting"]
+__all__ = [
+    "CacheSettings",
+    "Settings",
+    "SqliteSynchronous",
+    "load_cache_settings",
+    "load_settings",
+    "sqlite_synchronous_setting",
+]
 
 #: ``PRAGMA synchronous`` values smthrs accepts for SQLite (see :attr:`Settings.sqlite_synchronous`).
 SqliteSynchronous = Literal["full", "normal"]
 
 
-class Settings(BaseSettings):
+#: Default size caps of the cache (issue 13): one output, and all outputs of one step together.
+DEFAULT_MAX_OUTPUT_BYTES = 5 * 1024**3
+DEFAULT_MAX_STEP_BYTES = 20 * 1024**3
+
+
+class CacheSettings(BaseSettings):
+    """The cache's trust and size settings (a base of :class:`Settings`; loadable alone with
+    :func:`load_cache_settings`, so a dispatcher built without a runtime does not fail on an unrelated setting).
+
+    ``cache_signing_key`` (``SMTHRS_CACHE_SIGNING_KEY``): a private Ed25519 key file (PEM or raw) this machine signs
+    its shared entries with. ``cache_trusted_keys`` (``SMTHRS_CACHE_TRUSTED_KEYS``): comma-separated public keys
+    (files, or inline base64/PEM) whose entries this machine serves. Neither set: a workspace key generated on
+    first use under ``<workspace>/.smthrs/keys/``, trusted only by itself. Only trusted keys set: this machine
+    reads the shared tier but never publishes to it. See :mod:`smthrs_plugin.cache.signing`.
+    ``cache_max_output_bytes`` / ``cache_max_step_bytes``: a sealed step whose one output, or whose outputs
+    together, exceed them settles ``failed`` (``CacheError(output_too_large)``) before anything is published.
+    ``cache_revocation_refresh_s``: how stale this process's view of revocations may be on a LOCAL hit (a shared
+    lookup always reads them fresh).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SMTHRS_", extra="ignore", frozen=True)
+
+    cache_signing_key: str | None = None
+    cache_trusted_keys: str | None = None
+    cache_max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    cache_max_step_bytes: int = DEFAULT_MAX_STEP_BYTES
+    cache_revocation_refresh_s: float = 60.0
+
+    @field_validator("cache_signing_key", "cache_trusted_keys", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("cache_max_output_bytes", "cache_max_step_bytes")
+    @classmethod
+    def _positive_bytes(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError("must be > 0 bytes")
+        return v
+
+    @field_validator("cache_revocation_refresh_s")
+    @classmethod
+    def _non_negative_refresh(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+
+
+class Settings(CacheSettings):
     """Resolved settings. Use :func:`load_settings` to get typed errors instead of pydantic's."""
 
     model_config = SettingsConfigDict(env_prefix="SMTHRS_", extra="ignore", frozen=True)
@@ -103,6 +158,20 @@ def load_settings(**overrides: Any) -> Settings:
             cause=exc,
         ) from exc
     return s.model_copy(update={"workspace": Path(s.workspace).resolve()})
+
+
+def load_cache_settings(**overrides: Any) -> CacheSettings:
+    """Only the cache's settings (environment + explicit overrides); :class:`SettingsError` when malformed."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return CacheSettings(**given)
+    except ValidationError as exc:
+        raise SettingsError(
+            "invalid_setting",
+            f"invalid smthrs cache setting: {exc}. Check SMTHRS_CACHE_SIGNING_KEY, SMTHRS_CACHE_TRUSTED_KEYS,"
+            " SMTHRS_CACHE_MAX_OUTPUT_BYTES, SMTHRS_CACHE_MAX_STEP_BYTES and SMTHRS_CACHE_REVOCATION_REFRESH_S.",
+            cause=exc,
+        ) from exc
 
 
 def _lower(v: Any) -> Any:

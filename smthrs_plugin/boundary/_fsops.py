@@ -2,6 +2,10 @@
 
 Every write into a real workspace goes temp file → ``os.replace`` so a reader never sees a half-written file;
 destinations are checked to stay inside the workspace even through symlinked directories.
+
+Modes are normalised (``normal_mode``): only the owner-execute bit travels, so every file this package writes
+into a sandbox or a workspace is 0o644 or 0o755 — setuid, setgid, sticky and group/world-writable bits are
+never copied, replayed or recorded (a cache entry must not be able to plant a setuid or world-writable file).
 """
 
 from __future__ import annotations
@@ -16,13 +20,21 @@ import uuid
 from pathlib import Path
 
 from ..errors import BoundaryError
+from ..plan.fileset import reserved_top
 
 CHUNK = 1 << 20
+#: The only two modes a recorded, replayed or copied file may have.
+NORMAL_MODES = (0o644, 0o755)
+
+
+def normal_mode(mode: int) -> int:
+    """0o755 when ``mode`` has the owner-execute bit, else 0o644: the only permission fact that travels."""
+    return 0o755 if mode & stat_mod.S_IXUSR else 0o644
 
 
 def copy_with_hash(src: str, dst: str, *, fsync: bool = False) -> tuple[str, int]:
     """Copy ``src`` to a new file ``dst`` (never hard-linked), hashing exactly the bytes written:
-    ``(sha256 hex, size)``. Permission bits and timestamps are copied too."""
+    ``(sha256 hex, size)``. The mode is normalised (:func:`normal_mode`); timestamps are copied."""
     h = hashlib.sha256()
     n = 0
     with open(src, "rb") as fi:
@@ -37,7 +49,7 @@ def copy_with_hash(src: str, dst: str, *, fsync: bool = False) -> tuple[str, int
             if fsync:
                 fo.flush()
                 os.fsync(fo.fileno())
-    os.chmod(dst, stat_mod.S_IMODE(st.st_mode))
+    os.chmod(dst, normal_mode(st.st_mode))
     # mtimes matter to make-like tools running inside a sandbox
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     return h.hexdigest(), n
@@ -52,7 +64,8 @@ def staging_dir(root: Path, prefix: str) -> Path:
 
 def inside(root_real: str, rel: str) -> str:
     """Absolute destination of ``rel`` under ``root_real``, refusing a path whose existing part resolves
-    outside it (a symlinked directory pointing elsewhere)."""
+    outside it (a symlinked directory pointing elsewhere) or into a reserved top-level directory (a link to
+    ``.git/`` must not let a write land in ``.git/hooks``); the latter carries ``reserved=`` in its details."""
     dest = os.path.join(root_real, rel)
     real = os.path.realpath(os.path.dirname(dest))
     if os.path.commonpath([real, root_real]) != root_real:
@@ -61,6 +74,16 @@ def inside(root_real: str, rel: str) -> str:
             f"{rel!r} lies under a symlink that resolves to {real}, outside the workspace; remove the link",
             path=rel,
         )
+    if real != root_real:
+        reserved = reserved_top(os.path.relpath(real, root_real).replace(os.sep, "/"))
+        if reserved is not None:
+            raise BoundaryError(
+                "invalid_path",
+                f"{rel!r} lies under a symlink that resolves into the reserved directory {reserved + '/'!r};"
+                " remove the link",
+                path=rel,
+                reserved=reserved,
+            )
     return dest
 
 

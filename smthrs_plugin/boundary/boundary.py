@@ -9,6 +9,8 @@ Invariants (seed: concepts/step-boundaries)
   taken at prepare) and the read set (a declared read that changed and is not declared written is an
   undeclared write). It cannot see a write elsewhere, so it never claims ``whole_tree_writes_verified`` or
   ``hermetic_reads_verified``: its evidence stays run-local. Only :mod:`.sandbox` sets those flags.
+- Output modes are recorded normalised (0o644/0o755: only the owner-execute bit travels), whatever the step
+  left on disk; a declaration may not write or remove under ``.smthrs/``, ``.git/`` or ``.venv/``.
 - Inline or spilled outputs are decided in sorted path order against the settle's inline budget; spilled
   bytes are stored by digest and re-verified against the measurement (a change in between refuses the settle).
 """
@@ -28,6 +30,7 @@ from ..plan.fileset import (
     Glob,
     PathEntry,
     TreeArtifact,
+    check_not_reserved,
     entries_overlap,
     entry_json,
     entry_matches,
@@ -35,6 +38,7 @@ from ..plan.fileset import (
     is_exact,
 )
 from ..stores.artifacts import ArtifactStore
+from ._fsops import normal_mode
 from .evidence import (
     Deviation,
     Evidence,
@@ -72,8 +76,9 @@ class Declaration:
     """What a step declares: ``reads``/``writes`` (exact paths, ``"dir/"`` trees, globs, filegroups),
     ``removes`` (exact paths or ``"dir/"`` trees) and the boundary ``mode`` (``hard`` | ``expected``).
 
-    Entries are normalised on construction (``PlanError(invalid_effects)`` for a bad path, a glob removal, or a
-    path both written and removed).
+    Entries are normalised on construction (``PlanError(invalid_effects)`` for a bad path, a glob removal, a
+    path both written and removed, or a write/removal under a reserved top-level directory — ``.smthrs/``,
+    ``.git/``, ``.venv/``; reading them is allowed).
     """
 
     reads: tuple[PathEntry, ...] = ()
@@ -94,6 +99,7 @@ class Declaration:
                 )
         if self.mode not in ("hard", "expected"):
             raise _refuse(f"boundary mode {self.mode!r} is neither 'hard' nor 'expected'")
+        check_not_reserved(self.writes, self.removes)
         for w in self.writes:
             for r in self.removes:
                 # glob×tree overlap is only conservative; every other pair is decided exactly
@@ -319,10 +325,10 @@ def build_evidence(
             if hashlib.sha256(data).hexdigest() != st.digest:
                 raise _changed(p)
             total += st.size
-            outs.append(Output(p, st.digest, st.size, st.mode, data))
+            outs.append(Output(p, st.digest, st.size, normal_mode(st.mode), data))
         else:
             spill.append((os.path.join(src, p), st.digest))
-            outs.append(Output(p, st.digest, st.size, st.mode, None))
+            outs.append(Output(p, st.digest, st.size, normal_mode(st.mode), None))
     if spill:
         if artifacts is None:
             raise BoundaryError(

@@ -9,6 +9,13 @@ Invariants
   checks every inline payload against its digest, so a damaged row is ``boundary_corruption``, never replayed.
 - An absence is only legitimate when declared: ``removals`` lists declared removals and deletions inside the
   write set; a declared output that went missing is a deviation, never a cached "delete this" (SEMANTICS §4).
+- An output's ``mode`` is normalised (0o644, or 0o755 when the owner-execute bit was set): only that bit is part
+  of the post-state, so the diff identity of honest entries does not depend on umasks, and setuid, setgid,
+  sticky or group/world-writable bits can never be recorded. Decoding REFUSES any other mode as
+  ``boundary_corruption`` (a forged or foreign record) rather than normalising it silently.
+- Paths are normalised workspace-relative paths (decoding refuses anything else as ``boundary_corruption``).
+  Whether a path is one the *requesting* declaration may touch is decided when serving (the cache's
+  confinement check) and again, for reserved directories, by ``replay_outputs``.
 - ``whole_tree_writes_verified`` / ``hermetic_reads_verified`` are set only by the sandbox, which proves them;
   the plain boundary leaves both false and its results stay run-local.
 - The JSON form (``to_json``/``from_json``) is plain data (RFC 8785-canonicalisable): it goes into SQL rows
@@ -27,6 +34,7 @@ from ..canonical import key
 from ..errors import PlanError, ReplayError
 from ..plan.fileset import normalize_path
 from ..stores.artifacts import is_digest
+from ._fsops import NORMAL_MODES, normal_mode
 
 __all__ = [
     "InlineLimits",
@@ -39,6 +47,8 @@ __all__ = [
     "diff_identity",
     "referenced_digests",
     "EVIDENCE_FORMAT",
+    "NORMAL_MODES",
+    "normal_mode",
 ]
 
 EVIDENCE_FORMAT = "smthrs-evidence/1"
@@ -55,7 +65,8 @@ class InlineLimits:
 
 @dataclass(frozen=True)
 class Output:
-    """One declared output: ``inline`` bytes, or ``None`` when it is stored by digest in the artifact store."""
+    """One declared output: ``inline`` bytes, or ``None`` when it is stored by digest in the artifact store.
+    ``mode`` is 0o644 or 0o755 (see the module invariants)."""
 
     path: str
     digest: str
@@ -204,14 +215,11 @@ def _decode_output(o: Mapping[str, Any]) -> Output:
     if path != o["path"]:
         raise ValueError(f"output path {o['path']!r} is not normalised")
     digest, size, mode = o["digest"], o["size"], o["mode"]
-    if (
-        not is_digest(digest)
-        or type(size) is not int
-        or size < 0
-        or type(mode) is not int
-        or not 0 <= mode <= 0o7777
-    ):
+    if not is_digest(digest) or type(size) is not int or size < 0 or type(mode) is not int:
         raise ValueError(f"output {path!r} has a malformed digest, size or mode")
+    if mode not in NORMAL_MODES:
+        # Only the owner-execute bit travels; a setuid/world-writable mode is something no honest settle records.
+        raise _corrupt(f"output {path!r} has mode {mode:#o}, which is not a normalised mode (0o644 or 0o755)")
     inline: bytes | None = None
     if "inline" in o:
         inline = base64.b64decode(o["inline"], validate=True)

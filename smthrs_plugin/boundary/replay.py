@@ -9,6 +9,11 @@ Invariants
   the store: hydrate it from the shared tier and retry once), ``boundary_corruption`` (bytes no longer hash to
   their digest: never served), ``unsupported_boundary`` (anything else; the cause is kept whole).
 - Outputs never land outside the workspace, even through a symlinked directory.
+- Defence in depth, whoever the caller: every output and removal must be a normalised workspace-relative path
+  (else ``boundary_corruption``) and none may lie in, or resolve through a link into, a reserved top-level
+  directory ``.smthrs/``, ``.git/``, ``.venv/`` (``reserved_path``) — checked before anything is staged. Whether
+  a path is one the requesting declaration may touch is the cache's confinement check (it knows the request).
+- Only the owner-execute bit travels: every replayed file is written 0o644 or 0o755.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ArtifactError, BoundaryError, ReplayError
+from ..errors import ArtifactError, BoundaryError, PlanError, ReplayError
+from ..plan.fileset import normalize_path, reserved_top
 from ..stores.artifacts import ArtifactStore, ProgressFn
-from ._fsops import check_dest, inside, remove_path, rmtree_force, staging_dir
+from ._fsops import check_dest, inside, normal_mode, remove_path, rmtree_force, staging_dir
 from .evidence import Evidence
 
-__all__ = ["Replayed", "replay_outputs"]
+__all__ = ["Replayed", "replay_outputs", "check_replayable"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,18 @@ def replay_outputs(
         err = BoundaryError("workspace_missing", f"workspace root {root_p} does not exist", root=str(root_p))
         raise _unsupported(f"cannot replay into {root_p}: it is not a directory", err) from err
     root_real = os.path.realpath(root_p)
+    for o in evidence.outputs:
+        check_replayable(o.path, "output")
+    for r in evidence.removals:
+        check_replayable(r, "removal")
     try:
         dests = [check_dest(root_real, o.path) for o in evidence.outputs]
         removal_dests = [inside(root_real, r.rstrip("/")) for r in evidence.removals]
     except BoundaryError as exc:
+        if "reserved" in exc.details:
+            raise ReplayError(
+                "reserved_path", f"refused to replay: {exc.message}", cause=exc, path=exc.details.get("path")
+            ) from exc
         raise _unsupported(f"cannot replay: {exc.message}", exc) from exc
     try:
         stage = staging_dir(root_p, "replay")
@@ -77,7 +91,7 @@ def replay_outputs(
                     f.write(o.inline)
             else:
                 _fetch(artifacts, o.digest, o.path, tmp, progress)
-            os.chmod(tmp, o.mode)
+            os.chmod(tmp, normal_mode(o.mode))  # only the owner-execute bit travels
             written += o.size
             staged.append((tmp, dest))
         # Everything verified: publish.
@@ -91,6 +105,30 @@ def replay_outputs(
         return Replayed(outputs=len(staged), removals=removed, bytes_written=written)
     finally:
         rmtree_force(stage)
+
+
+def check_replayable(path: str, what: str) -> None:
+    """Refuse (``ReplayError``) an output or removal path that is not normalised (``boundary_corruption``) or
+    lies in a reserved top-level directory (``reserved_path``). Removals may end in ``/`` (a tree)."""
+    bare = path[:-1] if what == "removal" and isinstance(path, str) and path.endswith("/") else path
+    try:
+        ok = normalize_path(bare) == bare
+    except PlanError:
+        ok = False
+    if not ok:
+        raise ReplayError(
+            "boundary_corruption",
+            f"{what} {path!r} is not a normalised workspace-relative path; the record is not served",
+            path=str(path),
+        )
+    reserved = reserved_top(bare)
+    if reserved is not None:
+        raise ReplayError(
+            "reserved_path",
+            f"{what} {path!r} lies in the reserved directory {reserved + '/'!r}; a replay never writes or"
+            " removes there — the record is not served",
+            path=path,
+        )
 
 
 def _fetch(

@@ -4,7 +4,7 @@ back as a compare-and-set.
 Invariants (seed: concepts/workspace-transactions)
 - The transaction is the tree. ``hermetic`` seeds the tree with the declared reads only, so an undeclared read
   finds no file (Bazel's sandboxed spawn); ``whole-tree`` seeds a full copy of the workspace minus
-  ``.smthrs/``, ``.git/``, ``.venv/``. Every seeded read is hashed *as copied* and must equal the prepared
+  the reserved ``.smthrs/``, ``.git/``, ``.venv/`` (``plan.fileset.RESERVED_TOP``). Every seeded read is hashed *as copied* and must equal the prepared
   snapshot: the body provably read the bytes the key names.
 - After the body, the whole sandbox tree is compared with its pre-manifest: undeclared writes and removals are
   facts (a map comparison), not inferences. A file is unchanged when its lstat identity (size, mtime_ns,
@@ -21,7 +21,9 @@ Invariants (seed: concepts/workspace-transactions)
 - Copy-back is a compare-and-set: outputs are staged (copied, never hard-linked, and re-verified), then the real
   workspace's write/removal scopes are re-measured and must equal their pre-images from ``prepare``; any
   difference is ``MaterializationConflict`` and nothing is copied. Only then are the staged files renamed into
-  place and the removals applied. Undeclared writes stay in the sandbox (never copied back).
+  place and the removals applied. Undeclared writes stay in the sandbox (never copied back). Every seeded and
+  copied-back file gets a normalised mode (0o644/0o755): setuid, setgid, sticky and group/world-writable bits
+  never leave the sandbox.
 - The temporary tree is always removed; a body exception propagates after cleanup.
 
 The sandbox is a correctness tool, not a security boundary: a body that opens absolute paths can reach the real
@@ -43,8 +45,9 @@ from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
 from ..errors import BoundaryError, MaterializationConflict
+from ..plan.fileset import RESERVED_TOP
 from ..stores.artifacts import ArtifactStore
-from ._fsops import check_dest, copy_with_hash, inside, remove_path, rmtree_force, staging_dir
+from ._fsops import check_dest, copy_with_hash, inside, normal_mode, remove_path, rmtree_force, staging_dir
 from .boundary import Declaration, Prepared, build_evidence, classify, prepare, refuse_hard
 from .evidence import Evidence, InlineLimits
 from .measure import ABSENT, DEFAULT_ENTRY_BUDGET, FileState, Measurer, scan_tree, sha256_file
@@ -54,7 +57,8 @@ __all__ = ["SandboxMode", "SandboxResult", "run_in_sandbox", "EXCLUDED_FROM_COPY
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SandboxMode = Literal["hermetic", "whole-tree"]
-EXCLUDED_FROM_COPY = (".smthrs", ".git", ".venv")
+#: Never seeded into a whole-tree sandbox: the workspace's reserved top-level directories (one definition).
+EXCLUDED_FROM_COPY = RESERVED_TOP
 #: Seeded trees up to this many file bytes are compared by content after the body instead of waiting for the
 #: filesystem clock to tick (hashing 1 MiB costs about what the shortest tick does).
 _REHASH_ALL_BYTES = 1 << 20
@@ -322,7 +326,7 @@ def _copy_back(ws: Path, prepared: Prepared, evidence: Evidence, sroot: Path, m:
                     f"sandbox output {o.path!r} changed after it was settled (a background process?)",
                     path=o.path,
                 )
-            os.chmod(tmp, o.mode)
+            os.chmod(tmp, normal_mode(o.mode))  # only the owner-execute bit is copied back
             staged.append((tmp, dest))
         now = {p: s for p, s in m.measure_entries(decl.writes + tuple(decl.removes)).items() if s is not None}
         conflicts = sorted(p for p in set(now) | set(before) if now.get(p) != before.get(p))

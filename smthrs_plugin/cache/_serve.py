@@ -1,6 +1,20 @@
-"""Serving one stored entry: re-admit → re-measure the read set → replay (hydrate a missing blob, retry once).
+"""Serving one stored entry: confine → re-admit → re-measure the read set → replay (hydrate a missing blob,
+retry once).
 
 Invariants (SEMANTICS.md §4, seed step-boundaries "Replay refusals a caller can act on")
+- **A hit touches only what the current request declares.** Whoever can write a cache tier (the shared
+  ``s3://`` root, the local database) must not be able to write or delete anything else in the workspace, so
+  an entry is confined to the REQUESTING declaration before anything else is checked (:func:`check_confined`):
+  every output must be covered by the request's declared writes (exact, tree or glob); every removal by its
+  declared removes, or — as an honest settle records deletions inside the write set — by its declared writes
+  (a tree removal only by a declared tree); no output or removal may lie in a reserved top-level directory
+  (``.smthrs/``, ``.git/``, ``.venv/``); no removal may delete one of the request's declared reads (the path
+  itself or a directory above it) unless the request declares that read written or removed; and an exact
+  removal covered only by a file write must not be a directory here (removing it would delete a tree the
+  request never declared). A violation
+  is ``ReplayFailed(reserved_path | undeclared_output | undeclared_removal)`` naming the path; the work
+  executes instead. A local row that fails confinement is poisoned (the declaration is folded into the key, so
+  no request with that key could ever be served by it) and is invalidated.
 - An entry is served only after ALL of: its claims pass the seven admission conjuncts again, its recorded read
   set is the one the key folded, every recorded read re-measures to its recorded digest on this workspace, and
   every output was replayed (or is already present with its digest and mode). Anything else is a decision that
@@ -18,22 +32,24 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from ..boundary.boundary import ReadSetChanged, check_read_set
-from ..boundary.evidence import Evidence, referenced_digests
+from ..boundary.boundary import Declaration, ReadSetChanged, check_read_set
+from ..boundary.evidence import Evidence, normal_mode, referenced_digests
 from ..boundary.measure import Measurer
-from ..boundary.replay import replay_outputs
+from ..boundary.replay import check_replayable, replay_outputs
 from ..errors import ArtifactError, BoundaryError, ReplayError
+from ..plan.fileset import PathEntry, TreeArtifact, entry_matches
 from ..stores.artifacts import ArtifactStore, Corrupt
 from .admission import NotAdmissible, admit_entry
 from .entry import CacheEntry
 from .model import ReplayFailed, StaleReadSet, Unmeasurable, UnverifiableEvidence
 from .shared import SharedTier, same_store
 
-__all__ = ["Verified", "Refused", "verify_entry", "replay_entry", "outputs_present"]
+__all__ = ["Verified", "Refused", "verify_entry", "check_confined", "replay_entry", "outputs_present"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +77,17 @@ def verify_entry(
     key_reads: tuple[tuple[str, str], ...],
     workspace: Path,
     measurer: Measurer,
+    declaration: Declaration,
 ) -> VerifyOutcome:
-    """Re-admit the entry and re-measure its read set on ``workspace``."""
+    """Confine the entry to the requesting ``declaration``, re-admit it and re-measure its read set on
+    ``workspace``."""
+    confined = check_confined(entry.evidence, declaration, workspace)
+    if confined is not None:
+        return Refused(
+            ReplayFailed(confined.code, f"{tier} entry: {confined.message}"),
+            invalidate=tier == "local",
+            reason=confined.code.replace("_", "-"),
+        )
     adm = admit_entry(entry.admission, entry.evidence)
     if isinstance(adm, NotAdmissible):
         return Refused(UnverifiableEvidence(f"{tier} entry fails {adm.conjunct}: {adm.reason}"))
@@ -89,6 +114,84 @@ def verify_entry(
     return Verified()
 
 
+def check_confined(
+    evidence: Evidence, declaration: Declaration, workspace: Path | None = None
+) -> ReplayError | None:
+    """The first way ``evidence`` reaches beyond ``declaration`` (see the module invariants), as the
+    ``ReplayError`` a replay would be refused with; None when every output and removal is confined. Nothing is
+    written. ``workspace``: where the entry would be replayed — an exact removal that only a file write covers
+    (not a declared removal, not a written tree) must not be a directory there, since removing it would delete
+    everything below it."""
+    writes, removes = declaration.writes, declaration.removes
+    for o in evidence.outputs:
+        try:
+            check_replayable(o.path, "output")
+        except ReplayError as exc:
+            return exc
+        if not any(entry_matches(w, o.path) for w in writes):
+            return ReplayError(
+                "undeclared_output",
+                f"output {o.path!r} is not in the requesting step's declared writes; the entry is not served",
+                path=o.path,
+            )
+    for r in evidence.removals:
+        try:
+            check_replayable(r, "removal")
+        except ReplayError as exc:
+            return exc
+        tree = r.endswith("/")
+        path = r[:-1] if tree else r
+        cover = _removal_cover(path, tree, writes, removes)
+        if cover is None:
+            return ReplayError(
+                "undeclared_removal",
+                f"removal {r!r} is not in the requesting step's declared removes or writes; the entry is not"
+                " served",
+                path=r,
+            )
+        if cover == "file" and workspace is not None:
+            target = workspace / path
+            if target.is_dir() and not target.is_symlink():
+                return ReplayError(
+                    "undeclared_removal",
+                    f"removal {r!r} would delete the directory {path + '/'!r}, but the requesting step declares"
+                    " only files there; the entry is not served",
+                    path=r,
+                )
+        # ``remove_path`` deletes a whole directory even for an exact removal: protect reads below it too.
+        for read in declaration.reads:
+            if not isinstance(read, str) or not (read == path or read.startswith(path + "/")):
+                continue
+            if any(entry_matches(e, read) for e in (*writes, *removes)):
+                continue  # the request itself declares that read changed or removed
+            return ReplayError(
+                "undeclared_removal",
+                f"removal {r!r} would delete the requesting step's declared read {read!r}; the entry is not"
+                " served",
+                path=r,
+                read=read,
+            )
+    return None
+
+
+def _removal_cover(
+    path: str, tree: bool, writes: Sequence[PathEntry], removes: Sequence[PathEntry]
+) -> str | None:
+    """What declares a removal: ``"declared"`` (a declared removal or a written tree at or above it),
+    ``"file"`` (an exact or glob write covering an exact removal: an honest settle records a file deleted
+    inside the write set), or None. A tree removal deletes everything below it: only a tree covers it."""
+    for e in (*removes, *writes):
+        if isinstance(e, TreeArtifact) and (path == e.path or path.startswith(e.path + "/")):
+            return "declared"
+    if tree:
+        return None
+    if any(entry_matches(e, path) for e in removes):
+        return "declared"
+    if any(entry_matches(e, path) for e in writes):
+        return "file"
+    return None
+
+
 def outputs_present(workspace: Path, evidence: Evidence, measurer: Measurer) -> bool:
     """Whether the workspace already holds every output (digest and mode) and none of the removals: then a
     replay would rewrite identical bytes, and skipping it keeps mtimes for make-like tools."""
@@ -98,7 +201,7 @@ def outputs_present(workspace: Path, evidence: Evidence, measurer: Measurer) -> 
         return False
     for o in evidence.outputs:
         st = states.get(o.path)
-        if st is None or st.digest != o.digest or st.mode != o.mode:
+        if st is None or st.digest != o.digest or st.mode != normal_mode(o.mode):
             return False
     return not any(os.path.lexists(workspace / r.rstrip("/")) for r in evidence.removals)
 

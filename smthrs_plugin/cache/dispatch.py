@@ -39,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +64,14 @@ from ..errors import (
     MaterializationConflict,
     StoreError,
 )
+from ..settings import load_cache_settings
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
 from ._serve import Refused, replay_entry, verify_entry
 from ._support import KEY_LOCKS, PhaseTimer
 from .admission import Admissible, admission_claims, admit, read_set_verified
-from .entry import CacheEntry, NotCacheable, Scope, Undecodable, check_cacheable
+from .bounds import SizeCaps, check_size
+from .entry import CacheEntry, NotCacheable, Scope, check_cacheable
 from .local import DifferentResult, LocalHit, LocalTier, LocalUndecodable
 from .model import (
     CacheDecision,
@@ -75,11 +79,15 @@ from .model import (
     DispatchResult,
     Execute,
     Miss,
+    ReplayFailed,
     SandboxMode,
+    StaleReadSet,
+    Unmeasurable,
     UnverifiableEvidence,
     VerifiedHit,
 )
-from .shared import AlreadyPublished, PublicationFailed, Published, SharedTier
+from .shared import PublicationFailed, Published, Refusal, Replaced, SharedTier
+from .signing import Trust, shared_trust_warning, trust_from_settings
 
 __all__ = ["CacheDispatcher", "PROVENANCE_EVENT"]
 
@@ -90,6 +98,44 @@ PROVENANCE_EVENT = "cache-provenance"
 #: A local hit refreshes ``last_used_at_ms`` at most this often (a write per hit would dominate hit latency).
 _TOUCH_INTERVAL_MS = 60_000
 _TIERS = ("sealed", "compensable", "irreversible")
+
+
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_once(message: str | None) -> None:
+    """Log a trust warning once per process (a dispatcher is built per workspace, often more than once)."""
+    if message is None:
+        return
+    with _WARNED_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    log.warning("%s", message)
+
+
+@dataclass
+class _Consulted:
+    """What one dispatch's consult learnt that its build must know: the entry ids it could not serve (never
+    compared against by the strict same-key check), and among them those refused for what they ARE rather than
+    for this workspace's state (``condemned``: id → reason), which our honest entry may replace at our own name."""
+
+    unservable: set[str] = field(default_factory=set)
+    condemned: dict[str, str] = field(default_factory=dict)
+
+
+#: Replay refusals that judge the entry itself: its key folds the declaration, so every requester of that key
+#: would refuse it the same way (unlike a stale read set or a directory in this workspace's way).
+_CONDEMNING_REPLAY_CODES = frozenset({"reserved_path", "undeclared_output", "undeclared_removal"})
+
+
+def _condemnation(decision: CacheDecision) -> str | None:
+    if isinstance(decision, UnverifiableEvidence):
+        return decision.reason
+    if isinstance(decision, ReplayFailed) and decision.code in _CONDEMNING_REPLAY_CODES:
+        return f"{decision.code}: {decision.reason}"
+    return None
 
 
 class _FailedOutcome(Exception):
@@ -113,6 +159,10 @@ class CacheDispatcher:
     :class:`Journal` on ``db``). ``measurer``: the workspace's long-lived measurer (one per workspace: its stat
     cache is what makes hits cheap). ``sandbox_mode``: ``"hermetic"`` honours each request's ``sandbox``;
     ``"whole-tree"`` runs every body over a full copy (never admissible: undeclared reads are possible).
+    ``trust``: the publisher keys (:mod:`.signing`; None → from ``SMTHRS_CACHE_SIGNING_KEY`` /
+    ``SMTHRS_CACHE_TRUSTED_KEYS``, else this workspace's own key). ``size_caps``: the output size bounds (None →
+    ``SMTHRS_CACHE_MAX_OUTPUT_BYTES`` / ``SMTHRS_CACHE_MAX_STEP_BYTES``). ``revocation_refresh_s``: how stale the
+    revocation view of a LOCAL hit may be (None → ``SMTHRS_CACHE_REVOCATION_REFRESH_S``, 60 s).
     """
 
     def __init__(
@@ -130,6 +180,9 @@ class CacheDispatcher:
         host_id: str | None = None,
         limits: InlineLimits = InlineLimits(),
         temp_dir: str | Path | None = None,
+        trust: Trust | None = None,
+        size_caps: SizeCaps | None = None,
+        revocation_refresh_s: float | None = None,
     ) -> None:
         if sandbox_mode not in ("hermetic", "whole-tree"):
             raise _invalid(f"sandbox_mode {sandbox_mode!r} is neither 'hermetic' nor 'whole-tree'")
@@ -141,7 +194,20 @@ class CacheDispatcher:
         self.artifacts = artifacts
         self.shared_store = shared if shared is not None else artifacts
         self.local = LocalTier(db, clock=clock)
-        self.shared = SharedTier(self.shared_store)
+        if trust is None or size_caps is None or revocation_refresh_s is None:
+            cache_settings = load_cache_settings()
+            if trust is None:
+                trust = trust_from_settings(cache_settings, self.workspace)
+            if size_caps is None:
+                size_caps = SizeCaps.from_settings(cache_settings)
+            if revocation_refresh_s is None:
+                revocation_refresh_s = cache_settings.cache_revocation_refresh_s
+        self.trust: Trust = trust
+        self.size_caps: SizeCaps = size_caps
+        self.shared = SharedTier(
+            self.shared_store, trust, clock=clock, revocation_refresh_ms=int(revocation_refresh_s * 1000)
+        )
+        _warn_once(shared_trust_warning(trust, self.shared_store.url, self.workspace))
         self.journal = journal if journal is not None else Journal(db, clock=clock)
         self.metrics = metrics
         self.sandbox_mode: SandboxMode = sandbox_mode
@@ -169,11 +235,12 @@ class CacheDispatcher:
         timer = PhaseTimer()
         if request.tier != "sealed":
             return self._build(request, execute, None, timer)
-        decision, served = self._consult(request, timer)
+        seen = _Consulted()
+        decision, served = self._consult(request, timer, seen)
         self.metrics.cache_decision(decision.tag)
         if served is not None:
             return served
-        return self._build(request, execute, decision, timer)
+        return self._build(request, execute, decision, timer, seen)
 
     def _check(self, request: DispatchRequest) -> None:
         if not isinstance(request, DispatchRequest):
@@ -219,12 +286,14 @@ class CacheDispatcher:
     # -- consult ---------------------------------------------------------------------------------------------
 
     def _consult(
-        self, request: DispatchRequest, timer: PhaseTimer
+        self, request: DispatchRequest, timer: PhaseTimer, seen: _Consulted
     ) -> tuple[CacheDecision, DispatchResult | None]:
         with timer("lookup"):
             found = self.local.lookup(request.key)
         failure: CacheDecision | None = None
-        if isinstance(found, LocalUndecodable):
+        if isinstance(found, LocalHit) and self._revoked_locally(request, found.entry):
+            failure = UnverifiableEvidence("local entry: its key was revoked (smthrs cache revoke)")
+        elif isinstance(found, LocalUndecodable):
             self._invalidate(request, found.key_digest, "undecodable")
             failure = UnverifiableEvidence(f"local entry: {found.reason}")
         elif isinstance(found, LocalHit):
@@ -236,21 +305,56 @@ class CacheDispatcher:
             failure = outcome
         if not request.consult_shared:
             return failure or Miss(), None
-        with timer("lookup"):
+        # Trusted publishers in order (own key first); a refused document is absent, an unservable entry is
+        # remembered so the build never compares against it.
+        shared_failure: CacheDecision | None = None
+        candidates = self.shared.candidates(request.key)
+        while True:
             try:
-                published = self.shared.lookup(request.key)
+                with timer("lookup"):
+                    judged = next(candidates, None)
             except ArtifactError as exc:
                 log.warning("shared cache tier %s is unavailable for lookup: %s", self.shared_store.url, exc)
                 self._journal(request, {"action": "unavailable", "stage": "lookup", "reason": str(exc)})
-                published = None
-        if isinstance(published, Undecodable):
-            return failure or UnverifiableEvidence(f"shared entry: {published.reason}"), None
-        if isinstance(published, CacheEntry):
-            outcome = self._serve(request, published, "shared", None, timer)
+                break
+            if judged is None:
+                break
+            if isinstance(judged, Refusal):
+                self._journal_refusal(request, judged)
+                failure = failure or UnverifiableEvidence(
+                    f"shared entry {judged.name}: {judged.reason}: {judged.detail}"
+                )
+                continue
+            outcome = self._serve(request, judged.entry, "shared", None, timer)
             if isinstance(outcome, DispatchResult):
                 return outcome.decision or VerifiedHit("shared"), outcome
-            return outcome, None
-        return failure or Miss(), None
+            seen.unservable.add(judged.entry_id)
+            if (why := _condemnation(outcome)) is not None:
+                seen.condemned[judged.entry_id] = why
+            if isinstance(outcome, (StaleReadSet, Unmeasurable)):
+                return outcome, None  # this workspace's reads: every publisher's copy would fail the same way
+            shared_failure = shared_failure or outcome
+        return shared_failure or failure or Miss(), None
+
+    def _revoked_locally(self, request: DispatchRequest, entry: CacheEntry) -> bool:
+        """Whether a local row's key was revoked, by this process's revocation view (bounded staleness: re-listed
+        at most every ``revocation_refresh_s`` — a warm local hit pays no round trip to the shared tier)."""
+        revocations = self.shared.revocations
+        try:
+            marker = revocations.revoking(entry, fresh=False)
+        except ArtifactError as exc:
+            revocations.mark_listed()
+            log.warning(
+                "could not list cache revocations in %s (%s); local hits use the previous list until the next"
+                " refresh",
+                revocations.store.url,
+                exc,
+            )
+            return False
+        if marker is None:
+            return False
+        self._invalidate(request, entry.name, "revoked")
+        return True
 
     def _serve(
         self,
@@ -261,7 +365,9 @@ class CacheDispatcher:
         timer: PhaseTimer,
     ) -> DispatchResult | CacheDecision:
         with timer("verify"):
-            verdict = verify_entry(entry, tier, request.reads, self.workspace, self.measurer)
+            verdict = verify_entry(
+                entry, tier, request.reads, self.workspace, self.measurer, request.declaration
+            )
         if isinstance(verdict, Refused):
             return self._refused(request, entry, verdict)
         with timer("replay"):
@@ -283,6 +389,18 @@ class CacheDispatcher:
     def _refused(self, request: DispatchRequest, entry: CacheEntry, refused: Refused) -> CacheDecision:
         if refused.invalidate:
             self._invalidate(request, entry.name, refused.reason)
+        elif refused.reason:
+            # A shared entry refused for a named reason (it reaches outside the request's declaration): there is
+            # no local row to invalidate, but the refusal is still a fact an operator must be able to find.
+            self._journal(
+                request,
+                {
+                    "action": "refused",
+                    "entry": entry.name,
+                    "reason": refused.reason,
+                    "detail": str(refused.decision),
+                },
+            )
         return refused.decision
 
     def _record_hit(
@@ -311,7 +429,12 @@ class CacheDispatcher:
     # -- build -----------------------------------------------------------------------------------------------
 
     def _build(
-        self, request: DispatchRequest, execute: Execute, decision: CacheDecision | None, timer: PhaseTimer
+        self,
+        request: DispatchRequest,
+        execute: Execute,
+        decision: CacheDecision | None,
+        timer: PhaseTimer,
+        seen: _Consulted | None = None,
     ) -> DispatchResult:
         mode: SandboxMode = (
             "whole-tree" if "whole-tree" in (request.sandbox, self.sandbox_mode) else "hermetic"
@@ -344,7 +467,7 @@ class CacheDispatcher:
             return self._settle_failure(request, decision, exc, timer)
         self.metrics.boundary_settled("Deviation" if settled.evidence.deviations else "Clean")
         with timer("publish"):
-            return self._publish(request, decision, settled, timer)
+            return self._publish(request, decision, settled, timer, seen or _Consulted())
 
     def _settle_failure(
         self, request: DispatchRequest, decision: CacheDecision | None, exc: BaseException, timer: PhaseTimer
@@ -368,6 +491,7 @@ class CacheDispatcher:
         decision: CacheDecision | None,
         settled: SandboxResult[Any],
         timer: PhaseTimer,
+        seen: _Consulted,
     ) -> DispatchResult:
         ev = settled.evidence
         built = DispatchResult(
@@ -379,6 +503,12 @@ class CacheDispatcher:
             deviations=ev.deviations,
             timings=timer.ms,
         )
+        too_large = check_size(ev, self.size_caps, node=request.node_id) if request.tier == "sealed" else None
+        if too_large is not None:  # refused before anything is recorded or published
+            failed = dataclasses.replace(
+                built, outcome="failed", error=too_large, published={"local": "unpublished:output_too_large"}
+            )
+            return self._commit(request, failed, None, None)
         cacheable = check_cacheable(settled.value)
         if isinstance(cacheable, NotCacheable):
             log.warning(
@@ -429,25 +559,34 @@ class CacheDispatcher:
             )
             payload = {"action": "run-local", "conjunct": admission.conjunct, "reason": admission.reason}
             return self._commit(request, result, entry, payload)
-        rival = self._shared_rival(request, entry)
+        rival = self._shared_rival(request, entry, seen)
         if rival is not None and not request.nondeterministic:
             return self._commit(request, self._mismatch(request, built, rival, "shared"), None, None)
         result = self._commit(request, built, entry, None)
         if result.outcome == "built" and request.publish_shared and rival is None:
-            result = self._publish_shared(request, entry, result)
+            result = self._publish_shared(request, entry, result, seen)
         return result
 
-    def _shared_rival(self, request: DispatchRequest, entry: CacheEntry) -> CacheEntry | None:
-        """A different result already published for this key (checked before our local commit)."""
+    def _shared_rival(
+        self, request: DispatchRequest, entry: CacheEntry, seen: _Consulted
+    ) -> CacheEntry | None:
+        """A different result already published for this key (checked before our local commit): the first
+        trusted publisher's entry, in lookup order, that verifies, is not revoked, was not found unservable by
+        this dispatch's consult, and whose blobs all exist. Refused or unservable documents are never compared
+        against: they cannot make an honest build fail."""
         if not (request.consult_shared or request.publish_shared):
             return None
         try:
-            published = self.shared.lookup(request.key)
+            for judged in self.shared.candidates(request.key):
+                if isinstance(judged, Refusal) or judged.entry_id in seen.unservable:
+                    continue
+                if judged.entry.result == entry.result:
+                    return None
+                if not self.shared.blobs_present(judged.entry):
+                    continue
+                return judged.entry
         except ArtifactError as exc:
             log.warning("shared cache tier %s is unavailable: %s", self.shared_store.url, exc)
-            return None
-        if isinstance(published, CacheEntry) and published.result != entry.result:
-            return published
         return None
 
     def _mismatch(
@@ -491,7 +630,7 @@ class CacheDispatcher:
                 elif entry.scope == "shared":
                     res = dataclasses.replace(res, published={**res.published, "local": "published"})
             if res.outcome == "failed" and isinstance(res.error, CacheError):
-                extra = {"action": "unpublished", "stage": "result_mismatch", "reason": res.error.message}
+                extra = {"action": "unpublished", "stage": res.error.code, "reason": res.error.message}
             if extra is not None:
                 self._journal_in(conn, request, extra)
             if request.on_settled is not None:
@@ -501,10 +640,21 @@ class CacheDispatcher:
         return self.db.write(tx)
 
     def _publish_shared(
-        self, request: DispatchRequest, entry: CacheEntry, result: DispatchResult
+        self, request: DispatchRequest, entry: CacheEntry, result: DispatchResult, seen: _Consulted
     ) -> DispatchResult:
+        if self.trust.signer is None:
+            self._journal(
+                request,
+                {
+                    "action": "unpublished",
+                    "stage": "signing",
+                    "reason": "this machine has no signing key (SMTHRS_CACHE_SIGNING_KEY): it reads the shared"
+                    " tier but never publishes to it",
+                },
+            )
+            return _published(result, "unpublished:unsigned")
         try:
-            outcome = self.shared.publish(entry, self.artifacts)
+            outcome = self.shared.publish(entry, self.artifacts, condemned=seen.condemned)
         except PublicationFailed as failed:
             log.warning(
                 "could not publish %s to the shared tier %s (stage %s): %s; the run continues, the entry stays local",
@@ -519,20 +669,18 @@ class CacheDispatcher:
             return _published(result, f"unpublished:{failed.stage}")
         if isinstance(outcome, Published):
             return _published(result, "published")
-        assert isinstance(outcome, AlreadyPublished)
+        if isinstance(outcome, Replaced):
+            # Our own name held a document that was not servable (planted, damaged, revoked, blobs missing):
+            # quarantine never blocks — the honest entry took its place.
+            self._journal(request, {"action": "replaced", "tier": "shared", "reason": outcome.reason})
+            return _published(result, "published")
         winner = outcome.winner
-        if isinstance(winner, Undecodable):
-            log.warning(
-                "the shared entry %s does not decode (%s); it blocks publication", entry.name, winner.reason
-            )
-            self._journal(request, {"action": "unpublished", "stage": "entry", "reason": winner.reason})
-            return _published(result, "unpublished:entry")
         if winner.result == entry.result or entry.nondeterministic:
             if winner.result != entry.result:
                 self._journal(request, {"action": "kept-first-writer", "tier": "shared"})
             return _published(result, "existing")
-        # A rival host published a different result between our pre-check and now: our local commit stands (it
-        # cannot be undone), but this host stops serving it and follows the shared winner from now on.
+        # A rival host with our key published a different result between our pre-check and now: our local commit
+        # stands (it cannot be undone), but this host stops serving it and follows the shared winner from now on.
         self._invalidate(request, entry.name, "result-mismatch")
         self._journal(
             request,
@@ -543,6 +691,19 @@ class CacheDispatcher:
             },
         )
         return _published(result, "unpublished:result_mismatch")
+
+    def _journal_refusal(self, request: DispatchRequest, refusal: Refusal) -> None:
+        self._journal(
+            request,
+            {
+                "action": "refused",
+                "tier": "shared",
+                "entry": refusal.name,
+                "publisher": refusal.publisher,
+                "reason": refusal.reason,
+                "detail": refusal.detail,
+            },
+        )
 
     # -- durable side records --------------------------------------------------------------------------------
 

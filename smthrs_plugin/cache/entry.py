@@ -11,6 +11,10 @@ Invariants
 - A value is cacheable only when a hit can return exactly what the executor returned: plain JSON data (RFC 8785
   canonicalisable) with no tuples (JSON would hand a list back). It is stored with ``json.dumps`` rather than as
   RFC 8785 bytes so ``1.0`` stays a float on a hit; never a weaker representation.
+- The **canonical bytes** of an entry are the RFC 8785 form of :meth:`CacheEntry.to_json`; its **entry id** is their
+  SHA-256. A shared entry's publisher signature covers exactly these bytes (:mod:`.signing`), and a revocation
+  may name entry ids (:mod:`.revocation`); decoding then re-encoding an entry yields the same bytes, so a reader
+  recomputes them from what it decoded, never from the stored text.
 - Decoding never raises: a document that is not JSON, has another format, names another key than the one it is
   stored under, or whose evidence/result does not verify is :class:`Undecodable` (``corrupt`` when an integrity
   check failed), which the dispatch seam treats as ``UnverifiableEvidence`` or ``ReplayFailed`` — never served.
@@ -39,6 +43,8 @@ __all__ = [
     "result_digest",
     "decode_entry",
     "run_local_row_key",
+    "canonical_entry_bytes",
+    "entry_id",
 ]
 
 ENTRY_FORMAT = "smthrs-cache-entry/1"
@@ -158,6 +164,10 @@ class CacheEntry:
             "utf-8"
         )
 
+    def canonical(self) -> bytes:
+        """RFC 8785 bytes of :meth:`to_json`: what a publisher signs (see the module invariants)."""
+        return canonical_entry_bytes(self)
+
     def with_scope(self, scope: Scope) -> CacheEntry:
         return CacheEntry(
             self.key,
@@ -170,6 +180,16 @@ class CacheEntry:
             self.provenance,
             scope,
         )
+
+
+def canonical_entry_bytes(entry: CacheEntry) -> bytes:
+    """RFC 8785 bytes of ``entry.to_json()`` (what a shared entry's signature covers)."""
+    return canonical_bytes(entry.to_json())
+
+
+def entry_id(entry: CacheEntry) -> str:
+    """Hex SHA-256 of the entry's canonical bytes: names one published document (revocations use it)."""
+    return sha256_hex(canonical_entry_bytes(entry))
 
 
 @dataclass(frozen=True)

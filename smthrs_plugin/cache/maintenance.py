@@ -12,8 +12,14 @@ Invariants
   Residual race (as in any mark-and-sweep over a CAS with dedupe, e.g. git's ``gc.pruneExpire``): a writer that
   re-references an OLD blob without re-uploading it after gc's second pass can lose it; the reader then gets
   ``ReplayFailed(missing_artifact)`` and re-executes — a wasted run, never a wrong result.
+- ``revoke`` writes one revocation marker per key in the shared tier (create-if-absent, :mod:`.revocation`)
+  naming every copy it can see, and invalidates this machine's local rows of the key at once; other machines
+  drop their local copies within their revocation refresh interval.
 - ``verify`` re-reads and re-hashes every blob a served entry references (local rows in the local store, shared
-  entries in the shared store) and reports ``corrupt``/``missing``/``undecodable``; it changes nothing.
+  entries in the shared store) and reports ``corrupt``/``missing``/``undecodable``; it changes nothing. With a
+  shared tier that carries a :class:`~.signing.Trust`, every shared document is also judged as a reader would
+  (:meth:`SharedTier.audit`): ``unsigned``, ``untrusted_key``, ``bad_signature`` and ``revoked`` documents are
+  reported as refused (never served by this machine), and their blobs are not re-hashed.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import sqlalchemy as sa
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..boundary.evidence import referenced_digests
+from ..canonical import is_key, key_digest
+from ..errors import CacheError
 from ..stores.artifacts import ArtifactStore, Corrupt, NotFound
 from ..stores.schema import TERMINAL_STATUSES, runs, step_cache
-from .entry import CacheEntry, Undecodable
+from .entry import CacheEntry, Undecodable, entry_id
 from .local import LocalTier
-from .shared import SharedTier, same_store
+from .shared import Candidate, Refusal, RefusalReason, SharedTier, check_document, same_store
 
 __all__ = [
     "EntryInfo",
@@ -41,6 +49,8 @@ __all__ = [
     "verify",
     "GcReport",
     "gc",
+    "RevokeReport",
+    "revoke",
 ]
 
 Progress = Callable[[int, int], None]
@@ -113,14 +123,29 @@ def list_entries(local: LocalTier, shared: SharedTier | None = None) -> list[Ent
     return out
 
 
+ProblemKind = Literal[
+    "corrupt", "missing", "undecodable", "unsigned", "untrusted_key", "bad_signature", "revoked"
+]
+_REFUSAL_KIND: dict[RefusalReason, ProblemKind] = {
+    "unsigned": "unsigned",
+    "untrusted_key": "untrusted_key",
+    "bad_signature": "bad_signature",
+    "undecodable": "undecodable",
+    "revoked": "revoked",
+    "missing_blob": "missing",
+    "corrupt_blob": "corrupt",
+}
+
+
 @dataclass(frozen=True)
 class Problem:
     """``kind``: ``corrupt`` (a blob no longer hashes to its name), ``missing`` (a referenced blob is absent),
-    ``undecodable`` (the entry itself does not decode or verify)."""
+    ``undecodable`` (the entry itself does not decode or verify), and for shared documents judged with a trust:
+    ``unsigned``, ``untrusted_key``, ``bad_signature``, ``revoked`` (refused: treated as absent by readers)."""
 
     tier: Literal["local", "shared"]
     entry: str
-    kind: Literal["corrupt", "missing", "undecodable"]
+    kind: ProblemKind
     digest: str | None = None
     detail: str = ""
 
@@ -175,15 +200,13 @@ def verify(
             ("local", row.key_digest, d, artifacts) for d in sorted(referenced_digests(decoded.evidence))
         )
     if shared is not None:
-        for name, published in shared.iter_entries():
-            if published is None:
-                continue
+        for name, judged in shared.audit():
             entries += 1
-            if isinstance(published, Undecodable):
-                problems.append(Problem("shared", name, "undecodable", None, published.reason))
+            if isinstance(judged, Refusal):
+                problems.append(Problem("shared", name, _REFUSAL_KIND[judged.reason], None, judged.detail))
                 continue
             wanted.extend(
-                ("shared", name, d, shared.store) for d in sorted(referenced_digests(published.evidence))
+                ("shared", name, d, shared.store) for d in sorted(referenced_digests(judged.entry.evidence))
             )
     checked: dict[tuple[str, str], Any] = {}
     for i, (tier, name, digest, store) in enumerate(wanted):
@@ -322,3 +345,65 @@ def gc(
         deleted_rows=tuple(rows),
         stores=tuple(s.url for s in stores),
     )
+
+
+@dataclass(frozen=True)
+class RevokeReport:
+    """What ``smthrs cache revoke`` did: one marker per key, the local rows it invalidated."""
+
+    keys: tuple[str, ...]
+    markers: tuple[str, ...]
+    entries: tuple[str, ...]
+    invalidated: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "keys": list(self.keys),
+            "markers": list(self.markers),
+            "entries": list(self.entries),
+            "invalidated": list(self.invalidated),
+        }
+
+
+def _keys_of(local: LocalTier, key_or_subject: str) -> list[str]:
+    if is_key(key_or_subject):
+        return [key_or_subject]
+    subjects = [key_or_subject] if local.rows(subject=key_or_subject, limit=1) else []
+    subjects = subjects or local.subjects_ending_with(key_or_subject)
+    keys = sorted({r.key for s in subjects for r in local.rows(subject=s) if r.scope == "shared"})
+    if not keys:
+        raise CacheError(
+            "not_found",
+            f"no cache entry of node {key_or_subject!r} in this database; pass the key1_ key itself (see"
+            " `smthrs cache ls --with-shared`)",
+            subject=key_or_subject,
+        )
+    return keys
+
+
+def revoke(
+    local: LocalTier, shared: SharedTier, key_or_subject: str, *, by: str, reason: str = ""
+) -> RevokeReport:
+    """Revoke a key (or every shared-scope key a node's local rows name): a marker in the shared tier that every
+    reader honours (:mod:`.revocation`), naming every copy visible now, and this machine's local rows
+    invalidated at once. ``CacheError(not_found)`` when a node has no entry here; ``ArtifactError`` when the
+    shared tier cannot be written."""
+    keys = _keys_of(local, key_or_subject)
+    markers: list[str] = []
+    ids: list[str] = []
+    invalidated: list[str] = []
+    for k in keys:
+        seen: list[str] = []
+        for name in shared.names_of(k):
+            data = shared.store.get_entry(name)
+            judged = None if data is None else check_document(name, data, None)
+            if isinstance(judged, Candidate):
+                seen.append(judged.entry_id)
+        row = local.load(key_digest(k))
+        if isinstance(row, CacheEntry):
+            seen.append(entry_id(row))
+        markers.append(shared.revocations.revoke(k, seen, by=by, reason=reason).name)
+        ids.extend(sorted(set(seen)))
+        if local.invalidate(key_digest(k)):
+            invalidated.append(key_digest(k))
+    return RevokeReport(tuple(keys), tuple(markers), tuple(ids), tuple(invalidated))

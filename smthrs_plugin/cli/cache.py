@@ -1,4 +1,5 @@
-"""``smthrs cache ls | explain NODE_OR_KEY | verify | gc`` — the content-addressed cache from the command line.
+"""``smthrs cache ls | explain NODE_OR_KEY | verify [--with-shared] | gc | keygen DIR | revoke KEY_OR_NODE`` — the
+content-addressed cache from the command line.
 
 Invariant: each command opens the stores named by its options (defaults from ``SMTHRS_*`` settings), calls one
 library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON object (``--json``). Exit codes
@@ -61,18 +62,38 @@ class _Stores:
     local: LocalTier
     artifacts: ArtifactStore
     shared: SharedTier
+    host_id: str = ""
+    warning: str | None = None
 
 
-def _open(db: str | None, artifacts: str | None, shared: str | None, workspace: Path | None) -> _Stores:
+def _open(
+    db: str | None,
+    artifacts: str | None,
+    shared: str | None,
+    workspace: Path | None,
+    *,
+    trusted: bool = False,
+) -> _Stores:
+    """The stores the options name. ``trusted``: the shared tier judges entries with this machine's publisher
+    trust (``SMTHRS_CACHE_*``; the default workspace key is created if absent), as a dispatcher would."""
     from ..cache.local import LocalTier
     from ..cache.shared import SharedTier
+    from ..cache.signing import shared_trust_warning, trust_from_settings
     from ..stores.artifacts import ArtifactStore
     from ..stores.database import open_database
 
     s = load_settings(workspace=workspace, db_url=db, artifacts_url=artifacts)
     store = ArtifactStore(s.resolved_artifacts_url, s.artifacts_options)
     shared_store = ArtifactStore(shared, s.artifacts_options) if shared else store
-    return _Stores(LocalTier(open_database(s.resolved_db_url)), store, SharedTier(shared_store))
+    trust = trust_from_settings(s, s.workspace) if trusted else None
+    warning = None if trust is None else shared_trust_warning(trust, shared_store.url, s.workspace)
+    return _Stores(
+        LocalTier(open_database(s.resolved_db_url)),
+        store,
+        SharedTier(shared_store, trust),
+        s.host_id,
+        warning,
+    )
 
 
 def _when(ms: int | None) -> str:
@@ -138,30 +159,48 @@ def verify(
     artifacts: ArtifactsOption = None,
     shared: SharedOption = None,
     workspace: WorkspaceOption = None,
+    with_shared: Annotated[
+        bool,
+        typer.Option(
+            "--with-shared",
+            help="Also judge every shared entry as this machine would (signature, trusted key, revocation) and"
+            " re-hash the blobs of those it would serve.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Re-hash every blob a servable entry references (local rows and shared entries); exit 1 on a problem."""
+    """Re-hash every blob a servable entry references; list refused shared entries with --with-shared; exit 1 on
+    a problem."""
     try:
-        st = _open(db, artifacts, shared, workspace)
-        report = _verify_with_progress(st, show=not as_json and sys.stderr.isatty())
+        st = _open(db, artifacts, shared, workspace, trusted=with_shared)
+        report = _verify_with_progress(st, with_shared, show=not as_json and sys.stderr.isatty())
     except SmthrsError as exc:
         _refuse(as_json, exc)
     lines = [
         f"checked {report.entries} entries, {report.blobs} blobs: " + ("ok" if report.ok else "PROBLEMS")
     ]
     lines += [
-        f"  {p.kind}: {p.tier} entry {p.entry[:16]} {p.digest or ''} {p.detail}" for p in report.problems
+        f"  {p.kind}: {p.tier} entry {p.entry[:40]} {p.digest or ''} {p.detail}" for p in report.problems
     ]
-    _done(as_json, report.to_json(), "\n".join(lines))
+    if with_shared and st.shared.trust is not None:
+        lines.append(f"trust: {st.shared.trust.describe()}")
+    if st.warning is not None:
+        lines.append(f"WARNING: {st.warning}")
+    out = report.to_json()
+    if with_shared:
+        out["trust"] = None if st.shared.trust is None else st.shared.trust.describe()
+        out["warning"] = st.warning
+    _done(as_json, out, "\n".join(lines))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _verify_with_progress(st: _Stores, *, show: bool) -> VerifyReport:
+def _verify_with_progress(st: _Stores, with_shared: bool, *, show: bool) -> VerifyReport:
     from ..cache.maintenance import verify as verify_cache
 
+    shared = st.shared if with_shared else None
     if not show:
-        return verify_cache(st.local, st.artifacts, st.shared)
+        return verify_cache(st.local, st.artifacts, shared)
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
@@ -170,7 +209,7 @@ def _verify_with_progress(st: _Stores, *, show: bool) -> VerifyReport:
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return verify_cache(st.local, st.artifacts, st.shared, progress=progress)
+        return verify_cache(st.local, st.artifacts, shared, progress=progress)
 
 
 @cache_app.command("gc")
@@ -202,3 +241,49 @@ def gc(
         f"{verb} {len(report.deleted_blobs)} blob(s) and {len(report.deleted_rows)} row(s); kept"
         f" {report.referenced} referenced and {report.kept_young} young blob(s) (grace {report.grace_s:g}s)",
     )
+
+
+@cache_app.command("keygen")
+def keygen(
+    directory: Annotated[Path, typer.Argument(help="Where to write cache-signing.key (0600) and .pub.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Write a publisher key pair: point SMTHRS_CACHE_SIGNING_KEY at the private file on a publishing machine
+    (CI), and add the public key to SMTHRS_CACHE_TRUSTED_KEYS on every reader."""
+    from ..cache.signing import generate_key_pair
+
+    try:
+        priv, pub, key = generate_key_pair(directory)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    _done(
+        as_json,
+        {"private": str(priv), "public": str(pub), "key_id": key.key_id, "public_b64": key.public.b64()},
+        f"wrote {priv} (private, 0600) and {pub}; key id {key.key_id}\n"
+        f"  publisher: export SMTHRS_CACHE_SIGNING_KEY={priv}\n"
+        f"  readers:   export SMTHRS_CACHE_TRUSTED_KEYS={key.public.b64()}   (or the path {pub})",
+    )
+
+
+@cache_app.command("revoke")
+def revoke(
+    key_or_node: Annotated[str, typer.Argument(help="A key1_ key, or a node id / subject (all its keys).")],
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the marker).")] = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Revoke a cached result for every reader: a marker in the shared tier (readers re-execute; their local
+    copies are dropped within SMTHRS_CACHE_REVOCATION_REFRESH_S), and this machine's local rows at once."""
+    from ..cache.maintenance import revoke as revoke_key
+
+    try:
+        st = _open(db, artifacts, shared, workspace)
+        report = revoke_key(st.local, st.shared, key_or_node, by=st.host_id, reason=reason)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = [f"revoked {k} (marker {m})" for k, m in zip(report.keys, report.markers, strict=True)]
+    lines.append(f"{len(report.entries)} copies named, {len(report.invalidated)} local row(s) invalidated")
+    _done(as_json, report.to_json(), "\n".join(lines))

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 import prefect
 from prefect.cache_policies import NO_CACHE
 
-from ..cache.requests import node_request
+from ..cache.requests import declaration_of, node_request
 from ..canonical import canonical_bytes
 from ..engine.context import waits_forbidden
 from ..errors import CacheError, CanonicalError, PlanError
@@ -149,12 +149,13 @@ class _StepSpec:
         self.reads, self.writes, self.removes = reads, writes, removes
         self.boundary, self.tier, self.nondeterministic = boundary, tier, nondeterministic
         self.environment = dict(environment) if environment is not None else None
-        # Refuse bad effects now, before any call writes anything.
-        self.draft({})
+        # Refuse bad effects now, before any call writes anything (the boundary declaration also refuses writes
+        # and removals under the reserved .smthrs/, .git/, .venv/).
+        self.draft({}, boundary_check=True)
 
-    def draft(self, arguments: Mapping[str, Any]) -> NodeDraft:
+    def draft(self, arguments: Mapping[str, Any], *, boundary_check: bool = False) -> NodeDraft:
         try:
-            return node(
+            d = node(
                 self.name,
                 body=self.body,
                 inputs=[Literal(dict(arguments))],
@@ -165,6 +166,9 @@ class _StepSpec:
                 tier=self.tier,  # type: ignore[arg-type]
                 nondeterministic=self.nondeterministic or None,
             )
+            if boundary_check:
+                declaration_of(d)
+            return d
         except PlanError as exc:
             raise CacheError(
                 "invalid_declaration", f"step {self.identity}: {exc.message}", cause=exc, step=self.identity

@@ -3,7 +3,8 @@
 Invariants (SEMANTICS.md §2)
 - Compile is all-or-nothing: (1) duplicate ids → ``duplicate_node``; (2) a depth-first, post-order topological
   sort in declaration order over material dependencies gives plan order (``unknown_dependency``, ``cycle``);
-  (3) effects are workspace-relative and no path is both written and removed (``invalid_effects``); (4) every
+  (3) effects are workspace-relative, no path is both written and removed, and nothing is written or removed
+  under a reserved top-level directory (``.smthrs/``, ``.git/``, ``.venv/``) (``invalid_effects``); (4) every
   node is keyed (upstream plan keys folded in); (5) conflicts are annotated, then reader-after-writer edges are
   added; (6) the digest is computed. Every refusal is a :class:`PlanError` raised before a plan exists.
 - Edges only ever point from a later position to an earlier one, so plan order stays a topological order and
@@ -35,7 +36,7 @@ from typing import Any
 from ..canonical import key
 from ..errors import CanonicalError, PlanError
 from ._overlap import ProducerIndex
-from .fileset import Glob, TreeArtifact, normalize_path, normalize_pattern
+from .fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
 from .keys import effects_json, plan_key
 from .model import Conflict, NodeDraft, Plan, PlanNode, RuntimeStrategy, check_write_remove
 
@@ -122,6 +123,7 @@ def _check_entries(d: NodeDraft) -> None:
                 )
     try:
         check_write_remove(e.writes, e.removes)
+        check_not_reserved(e.writes, e.removes)
     except PlanError as exc:
         raise PlanError(exc.code, f"node {d.id!r}: {exc.message}", cause=exc, node=d.id) from exc
 

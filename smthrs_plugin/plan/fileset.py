@@ -11,6 +11,10 @@ Invariants
 - Overlap is *conservative*: glob×glob and tree×glob always overlap (SEMANTICS.md §2); only exact×exact,
   exact×tree, tree×tree and exact×glob are decided precisely. A false overlap costs an ordering edge; a missed
   one would let two writers race.
+- ``RESERVED_TOP`` (``.smthrs``, ``.git``, ``.venv``) are the workspace's own top-level directories: the state
+  database, the artifact store and staging, the repository (its hooks run code) and the environment. Nothing a
+  step declares may write or remove under them (``check_not_reserved``), no cache hit may touch them, and the
+  whole-tree sandbox never copies them. Reading them stays allowed (``.git/HEAD`` is a legitimate input).
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ __all__ = [
     "static_prefix",
     "entry_json",
     "is_exact",
+    "RESERVED_TOP",
+    "reserved_top",
+    "check_not_reserved",
 ]
+
+#: Top-level directories of a workspace that belong to smthrs, git and the Python environment: never written or
+#: removed by a step or a cache hit (the one definition; the sandbox and replay use it too).
+RESERVED_TOP: tuple[str, ...] = (".smthrs", ".git", ".venv")
 
 
 def _refuse(path: object, why: str) -> PlanError:
@@ -272,6 +283,56 @@ def static_prefix(pattern: str) -> str:
             break
         lit.append(seg)
     return "/".join(lit)
+
+
+def reserved_top(path: str) -> str | None:
+    """The reserved top-level directory a normalised relative ``path`` lies in (or is), else None."""
+    head = path.split("/", 1)[0]
+    return head if head in RESERVED_TOP else None
+
+
+def _reserved_pattern(pattern: str) -> str | None:
+    # A glob reaches a reserved directory when its first segment that is not '**' can match one ('**' may
+    # consume zero segments, so '**/.git/x' matches '.git/x'; '**' itself never matches a dot segment).
+    for seg in pattern.split("/"):
+        if seg == "**":
+            continue
+        return next((r for r in RESERVED_TOP if _seg_match(seg, r)), None)
+    return None
+
+
+def _reserved_entry(entry: PathEntry) -> str | None:
+    if isinstance(entry, str):
+        return reserved_top(entry)
+    if isinstance(entry, TreeArtifact):
+        return reserved_top(entry.path)
+    return next((r for p in entry.include if (r := _reserved_pattern(p)) is not None), None)
+
+
+def check_not_reserved(writes: Iterable[PathEntry], removes: Iterable[PathEntry]) -> None:
+    """Refuse (``PlanError(invalid_effects)``) a declared write or removal that can reach a reserved top-level
+    directory (``RESERVED_TOP``): an exact path or tree under it, or a glob whose first non-``**`` segment can
+    match it. Reads are not checked: reading ``.git/HEAD`` is legitimate."""
+    for what, group in (("writes", writes), ("removes", removes)):
+        for e in group:
+            r = _reserved_entry(e)
+            if r is not None:
+                raise PlanError(
+                    "invalid_effects",
+                    f"{what} entry {entry_json(e)} reaches the reserved directory {r + '/'!r}"
+                    f" ({', '.join(x + '/' for x in RESERVED_TOP)} belong to smthrs, git and the Python"
+                    " environment); declare an output elsewhere in the workspace",
+                    path=_display(e),
+                    reserved=r,
+                )
+
+
+def _display(entry: PathEntry) -> str:
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, TreeArtifact):
+        return entry.path + "/"
+    return entry.include[0]
 
 
 def entry_json(entry: PathEntry) -> dict[str, Any]:

@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import smthrs_plugin as sp
+from smthrs_plugin._clock import SYSTEM_CLOCK, Clock
 from smthrs_plugin._metrics import NullMetrics
 from smthrs_plugin.boundary import InlineLimits, Measurer
 from smthrs_plugin.cache import CacheDispatcher, DispatchRequest, DispatchResult
+from smthrs_plugin.cache.bounds import SizeCaps
 from smthrs_plugin.cache.dispatch import PROVENANCE_EVENT
 from smthrs_plugin.cache.requests import node_request
+from smthrs_plugin.cache.shared import entry_name
+from smthrs_plugin.cache.signing import Trust, workspace_key
+from smthrs_plugin.canonical import key_digest
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.plan.model import NodeDraft
 from smthrs_plugin.stores.artifacts import ArtifactStore
@@ -70,6 +75,12 @@ class Machine:
 
         return self.dispatcher.dispatch(self.request(draft, run_id, **kw), counted)
 
+    def entry_name(self, key: str) -> str:
+        """The shared entry name this machine publishes ``key`` under (its signing key's)."""
+        signer = self.dispatcher.trust.signer
+        assert signer is not None
+        return entry_name(key_digest(key), signer.key_id)
+
     def provenance(self, run_id: str = "r1") -> list[dict[str, Any]]:
         return [e.payload for e in self.journal.read(run_id, limit=1000) if e.type == PROVENANCE_EVENT]
 
@@ -89,7 +100,13 @@ def make_machine(
     files: dict[str, str] | None = None,
     limits: InlineLimits = SPILL_ALL,
     one_store: bool = False,
+    trust: Trust | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    size_caps: SizeCaps | None = None,
+    revocation_refresh_s: float = 60.0,
 ) -> Machine:
+    """A machine under ``base/name``. ``trust`` defaults to :func:`team_trust` of ``base``: every machine of one
+    test signs with, and trusts, one team key (as a CI fleet configured with SMTHRS_CACHE_SIGNING_KEY would)."""
     root = base / name
     ws = root / "ws"
     ws.mkdir(parents=True)
@@ -111,8 +128,18 @@ def make_machine(
         measurer=measurer,
         limits=limits,
         host_id=name,
+        trust=trust if trust is not None else team_trust(base),
+        clock=clock,
+        size_caps=size_caps or SizeCaps(),
+        revocation_refresh_s=revocation_refresh_s,
     )
     return Machine(root, ws, db, artifacts, shared, measurer, dispatcher, journal, metrics)
+
+
+def team_trust(base: Path) -> Trust:
+    """One signing key shared by every machine (and every spawned process) under ``base``."""
+    key = workspace_key(base / "team")
+    return Trust(key, (), "configured")
 
 
 # -- step bodies (module level: importable by spawned processes) -------------------------------------------------

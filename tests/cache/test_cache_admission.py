@@ -14,6 +14,7 @@ from smthrs_plugin.boundary.evidence import Evidence, ExpectedSetDeviation, Outp
 from smthrs_plugin.cache import UnverifiableEvidence, VerifiedHit
 from smthrs_plugin.cache.admission import CONJUNCTS, Admissible, NotAdmissible, admit
 from smthrs_plugin.cache.entry import CacheEntry, Undecodable, check_cacheable, decode_entry
+from smthrs_plugin.cache.shared import sign_document
 from smthrs_plugin.canonical import key, key_digest
 
 Machines = Callable[..., Machine]
@@ -108,11 +109,13 @@ def test_tuples_and_non_json_values_are_not_cacheable() -> None:
 def test_a_forged_shared_entry_claiming_no_sandbox_is_never_served(machines: Machines) -> None:
     a = machines("a", files={"in.txt": "hello\n"})
     built = a.dispatch(upper_node(), upper)
-    name = key_digest(built.key)
+    name = a.entry_name(built.key)
     doc = json.loads(a.shared.get_entry(name) or b"")
     doc["evidence"]["hermetic_reads_verified"] = False  # a writer that never ran a hermetic sandbox
-    a.shared.delete_entry(name)
-    a.shared.put_entry(name, json.dumps(doc).encode())
+    forged = decode_entry(doc, name=key_digest(built.key))
+    assert isinstance(forged, CacheEntry)
+    a.shared.delete_entry(name)  # signed by the trusted key itself: admission, not the signature, refuses it
+    a.shared.put_entry(name, sign_document(forged, a.dispatcher.trust))
     b = machines("b", files={"in.txt": "hello\n"})
     res = b.dispatch(upper_node(), upper, run_id="r2")
     assert isinstance(res.decision, UnverifiableEvidence) and "hermetic_reads_verified" in res.decision.reason
@@ -124,7 +127,7 @@ def test_an_entry_stored_under_another_keys_name_is_never_served(machines: Machi
     built = a.dispatch(upper_node(), upper)
     b = machines("b", files={"in.txt": "other\n"})
     wanted = b.request(upper_node(), run_id="r2").key
-    a.shared.put_entry(key_digest(wanted), a.shared.get_entry(key_digest(built.key)) or b"")
+    a.shared.put_entry(b.entry_name(wanted), a.shared.get_entry(a.entry_name(built.key)) or b"")
     res = b.dispatch(upper_node(), upper, run_id="r2")
     assert isinstance(res.decision, UnverifiableEvidence) and (b.ws / "out.txt").read_text() == "OTHER\n"
     assert res.decision != VerifiedHit("shared")
