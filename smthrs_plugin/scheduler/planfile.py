@@ -26,6 +26,13 @@ Invariants
 - A malformed file is refused with ``PlanError(invalid_plan_file)`` whose message names the file, the line and
   the field (from YAML node marks), before anything is compiled or written. Errors compile raises (cycle, unknown
   dependency, duplicate id, bad path, forbidden overlap) are re-raised the same way, located at the node.
+- The file is untrusted input, read in bounded time and memory (``_safe_yaml``): at most 1 MiB, nesting ≤ 128,
+  ≤ 250,000 YAML nodes with aliases counted at their full expansion, duplicate keys and non-string keys refused.
+- Everything that can be checked at load is checked at load, so ``smthrs plan`` / ``smthrs run --key`` refuse a
+  bad file before a card is stored or an idempotency key is spent: ids ≤ ``MAX_ID_CHARS`` characters,
+  ``approval`` ∈ {required, none}, ``maximum_plan_nodes`` lowered at most (never above the library's
+  ``DEFAULT_MAXIMUM_PLAN_NODES``), the full compile, and every node's step-boundary declaration (glob removals,
+  and anything else the boundary cannot honour) — the same ``declaration_of`` the scheduler applies.
 - The node body is what its key folds: ``{"run": cmd}`` or ``{"call": target, "with": {...}}``. The executor
   reads the action from the body, not from the node id, so a generated merge node (which copies its loser's
   body) runs the same action.
@@ -51,16 +58,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..boundary import Declaration
 from ..errors import PlanError
 from ..plan import Literal, Pending, Plan, Ref, compile_plan, node
 from ..plan.compile import DEFAULT_MAXIMUM_PLAN_NODES
+from ._safe_yaml import Marks, load_bounded, read_bounded
+from ._session import declaration_of
 from .model import NodeInput
 from .timer import check_wait_spec
 
 __all__ = ["load_plan", "read_plan_file", "PlanFile", "PlanFileExecutor", "CommandFailed"]
 
+#: Plan, flow and node ids in a plan file (they name cards, runs and journal entries; none needs more).
+MAX_ID_CHARS = 256
+_APPROVALS = (None, "none", "required")
 _TOP = {"plan", "flow", "nodes", "approval", "envelope", "maximum_plan_nodes"}
 _NODE = {
     "id",
@@ -185,32 +196,8 @@ class PlanFile:
 # ------------------------------------------------------------------------------------------------ parsing
 
 
-class _Marks:
-    """Line numbers (1-based) of every mapping key and sequence item, by path."""
-
-    def __init__(self, root: yaml.Node) -> None:
-        self.lines: dict[tuple[Any, ...], int] = {}
-        self._walk(root, ())
-
-    def _walk(self, n: yaml.Node, path: tuple[Any, ...]) -> None:
-        self.lines.setdefault(path, n.start_mark.line + 1)
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = k.value if isinstance(k, yaml.ScalarNode) else repr(k.value)
-                self.lines[(*path, key)] = k.start_mark.line + 1
-                self._walk(v, (*path, key))
-        elif isinstance(n, yaml.SequenceNode):
-            for i, item in enumerate(n.value):
-                self._walk(item, (*path, i))
-
-    def line(self, path: tuple[Any, ...]) -> int:
-        while path and path not in self.lines:
-            path = path[:-1]
-        return self.lines.get(path, 1)
-
-
 class _Refuser:
-    def __init__(self, path: Path, marks: _Marks) -> None:
+    def __init__(self, path: Path, marks: Marks) -> None:
         self.path = path
         self.marks = marks
 
@@ -233,30 +220,19 @@ def read_plan_file(path: str | os.PathLike[str], actions: Mapping[str, Any] | No
     line and field of anything malformed. ``actions``: the named plan actions ``call: <name>`` may use (from
     plugins, ``rt.actions``); when given, a name that is not among them is refused here, located."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(
-            "invalid_plan_file", f"cannot read plan file {p}: {exc}", cause=exc, file=str(p)
-        ) from exc
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
+    # Bounded before anything else: the size on read, then depth, aliases, duplicate and non-string keys while
+    # the document is built (``_safe_yaml``); nothing here walks a structure the loader has not counted.
+    loaded = load_bounded(read_bounded(p), source=str(p))
+    if loaded is None:
         raise PlanError(
             "invalid_plan_file",
-            f"{p}:{line}: not valid YAML: {getattr(exc, 'problem', None) or exc}",
-            cause=exc,
+            f"{p}:1: the file is empty; declare plan:, flow: and nodes:",
             file=str(p),
-            line=line,
-        ) from exc
-    if root is None:
-        raise PlanError(
-            "invalid_plan_file", f"{p}:1: the file is empty; declare plan:, flow: and nodes:", file=str(p)
+            line=1,
+            field="plan",
         )
-    refuse = _Refuser(p, _Marks(root))
+    data = loaded.value
+    refuse = _Refuser(p, loaded.marks)
     if not isinstance(data, dict):
         raise refuse((), "plan", "the top level must be a mapping with plan:, flow: and nodes:")
     for k in data:
@@ -265,18 +241,41 @@ def read_plan_file(path: str | os.PathLike[str], actions: Mapping[str, Any] | No
     plan_id = data.get("plan")
     if not isinstance(plan_id, str) or not plan_id:
         raise refuse(("plan",), "plan", "the plan id must be a non-empty string (plan: release-1.4)")
+    _check_length(plan_id, ("plan",), "plan", refuse)
     flow = data.get("flow", plan_id)
     if not isinstance(flow, str) or not flow:
         raise refuse(("flow",), "flow", "flow must be a non-empty string (flow: ci/release)")
+    _check_length(flow, ("flow",), "flow", refuse)
+    approval = data.get("approval")
+    if approval not in _APPROVALS:
+        raise refuse(
+            ("approval",),
+            "approval",
+            f"{approval!r} is not understood; write `approval: required` (or leave it out)",
+        )
     maximum = data.get("maximum_plan_nodes", DEFAULT_MAXIMUM_PLAN_NODES)
-    if type(maximum) is not int or maximum < 1:
-        raise refuse(("maximum_plan_nodes",), "maximum_plan_nodes", "must be a positive integer")
+    if type(maximum) is not int or not 1 <= maximum <= DEFAULT_MAXIMUM_PLAN_NODES:
+        # A file may lower the library's cap, never raise it: the cap bounds what one file can make the
+        # scheduler hold (generated merge nodes included), and the file is the untrusted side.
+        raise refuse(
+            ("maximum_plan_nodes",),
+            "maximum_plan_nodes",
+            f"must be an integer from 1 to {DEFAULT_MAXIMUM_PLAN_NODES:,} (the library's cap; a plan file may "
+            f"lower it, not raise it), not {maximum!r}",
+        )
     envelope = data.get("envelope", {})
     if not isinstance(envelope, dict):
         raise refuse(("envelope",), "envelope", "must be a mapping")
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise refuse(("nodes",), "nodes", "must be a non-empty list of nodes (- id: build ...)")
+    if len(nodes) > maximum:
+        # Refused before any node is built (compile would refuse it too, after building them all).
+        raise refuse(
+            ("nodes", maximum),
+            "nodes",
+            f"the plan declares {len(nodes):,} nodes, over maximum_plan_nodes={maximum:,}; split the plan",
+        )
     drafts = []
     where_of: dict[str, int] = {}
     for i, raw in enumerate(nodes):
@@ -294,7 +293,16 @@ def read_plan_file(path: str | os.PathLike[str], actions: Mapping[str, Any] | No
         plan = compile_plan(plan_id, flow, drafts, maximum_plan_nodes=maximum)
     except PlanError as exc:
         raise _locate(exc, nodes, where_of, refuse) from exc
-    return PlanFile(plan, PlanFileExecutor(dict(actions or {})), p, data.get("approval"), envelope)
+    for n in plan.nodes:
+        # The step boundary's own rules (a glob removal, and whatever else it cannot honour), checked here so a
+        # file is refused at load — before a card is stored or an idempotency key spent — not at scheduling.
+        try:
+            declaration_of(n)
+        except PlanError as exc:
+            i = where_of[n.id]
+            f, j = _declaration_field(nodes[i], n.effects.boundary_mode)
+            raise refuse(("nodes", i, f) if j is None else ("nodes", i, f, j), f, exc.message, exc) from exc
+    return PlanFile(plan, PlanFileExecutor(dict(actions or {})), p, approval, envelope)
 
 
 def load_plan(
@@ -315,6 +323,7 @@ def _node(raw: Any, i: int, refuse: _Refuser) -> Any:
     node_id = raw.get("id")
     if not isinstance(node_id, str) or not node_id:
         raise refuse((*at, "id"), "id", f"node #{i} needs a non-empty string id")
+    _check_length(node_id, (*at, "id"), "id", refuse)
     actions = [k for k in ("run", "call") if k in raw]
     if len(actions) > 1:
         raise refuse((*at, "call"), "call", f"node {node_id!r} declares both run: and call:; choose one")
@@ -407,6 +416,27 @@ def _node(raw: Any, i: int, refuse: _Refuser) -> Any:
         field_name, index = _field_of(exc, raw)
         where = (*at, field_name) if field_name in raw else at
         raise refuse(where if index is None else (*where, index), field_name, exc.message, exc) from exc
+
+
+def _check_length(v: str, where: tuple[Any, ...], field_name: str, refuse: _Refuser) -> None:
+    if len(v) > MAX_ID_CHARS:
+        raise refuse(
+            where,
+            field_name,
+            f"is {len(v):,} characters long; an id is at most {MAX_ID_CHARS} characters — choose a shorter one",
+        )
+
+
+def _declaration_field(raw: Mapping[str, Any], mode: Any) -> tuple[str, int | None]:
+    """The field (and item) a step-boundary refusal is about: the first entry the boundary refuses on its own,
+    else ``removes`` (a refused combination, e.g. a path both written and removed)."""
+    for f in ("removes", "writes", "reads"):
+        for j, entry in enumerate(_strs(raw.get(f, []))):
+            try:
+                Declaration.of(**{f: [entry]}, mode=mode)
+            except PlanError:
+                return f, j
+    return "removes", None
 
 
 def _strs(v: Any) -> list[str]:
