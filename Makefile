@@ -12,8 +12,12 @@ export DO_NOT_TRACK = 1
 export PREFECT_LOGGING_LEVEL ?= WARNING
 export PREFECT_SERVER_LOGGING_LEVEL ?= CRITICAL
 export PREFECT_LOGGING_ROOT_LEVEL ?= CRITICAL
+# Prefect waits only 20 s for its ephemeral server; a first start on a fresh, busy 2-core machine needs longer.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+# `make test-stress`: the suite STRESS_RUNS times in a row with every core kept busy (.ci/stress).
+STRESS_RUNS ?= 3
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-stress lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +38,10 @@ demo: $(STAMP_RUN)
 test: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-stress: $(STAMP_TEST)
+	@mkdir -p $(PREFECT_HOME)
+	PYTHON=$(BIN)/python .ci/stress $(STRESS_RUNS) $(PYTEST_ARGS)
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check smthrs_plugin tests benchmarks examples

@@ -44,6 +44,8 @@ for _k, _v in {
     "PREFECT_LOGGING_LEVEL": "ERROR",
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
     "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
+    # Prefect waits only 20 s for its ephemeral server; a first start on a busy machine needs longer.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "PREFECT_SERVER_DATABASE_CONNECTION_URL": "sqlite+aiosqlite:///:memory:",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "AWS_ACCESS_KEY_ID": "testing",

@@ -118,11 +118,18 @@ class GraphError(SmthrsError, ValueError):
 
 
 class SchedulerError(SmthrsError):
-    """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these."""
+    """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these.
+    ``prefect_unavailable``: the Prefect API a run was to be hosted by could not be reached (its ephemeral server
+    did not start in time)."""
 
     family = "scheduler"
     codes = _codes(
-        "invalid_plan", "boundary_unavailable", "key_uncomputable", "elaboration_failed", "store_failed"
+        "invalid_plan",
+        "boundary_unavailable",
+        "key_uncomputable",
+        "elaboration_failed",
+        "store_failed",
+        "prefect_unavailable",
     )
 
     def __init__(

@@ -32,6 +32,9 @@ for _k, _v in {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
     "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
+    # A first ephemeral-server start on a busy 2-core machine takes longer than Prefect's 20 s (PREFECT.md); the
+    # library's own default (hosts/_prefect_env.py), set here too for subprocesses that import Prefect directly.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",

@@ -36,6 +36,7 @@ from ..engine.journal import Journal
 from ..engine.runs import RunStore
 from ..errors import CanonicalError, WaitError
 from ._flowrun import bind_flow_run, driving, flow_name, recorded_parameters
+from ._prefect_env import translated_startup_timeout
 from ._steprun import current_spec, step_settings
 
 __all__ = ["durable_run", "flow_fn", "flow_name", "is_prefect_flow", "resolve_parameters"]
@@ -74,6 +75,7 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
                 host_id=spec.host_id,
             ),
             driving(ctx),
+            translated_startup_timeout(),  # Prefect's server not starting in time: a typed, actionable error
         ):
             state = bound_flow(**params, return_state=True)
             if inspect.isawaitable(state):  # an async flow: the driver's thread has no event loop of its own

@@ -44,6 +44,7 @@ from ..scheduler.job import JobOutcome, NodeJob, error_line, is_conflict
 from ..scheduler.model import Report
 from ..scheduler.scheduler import Executor
 from ._flowrun import pause_flow_run
+from ._prefect_env import startup_timeout_updates, translated_startup_timeout
 from ._worker import WorkerDispatcher
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -307,7 +308,8 @@ def share_prefect_api() -> str:
     """Export this process's Prefect API as ``PREFECT_API_URL`` so its children (process-pool and Dask workers,
     subprocesses) report to the same server instead of each starting an ephemeral one (PREFECT.md: 10-15 s each,
     and their task runs would be invisible). The configured server, or Prefect's ephemeral server — started now if
-    it is not running yet. Returns the URL. Call it before creating the task runner's workers."""
+    it is not running yet (given the startup budget of :mod:`._prefect_env`; a time-out is
+    ``SchedulerError(prefect_unavailable)``). Returns the URL. Call it before creating the task runner's workers."""
     import os
 
     from prefect.settings import get_current_settings
@@ -317,7 +319,8 @@ def share_prefect_api() -> str:
         from prefect.server.api.server import SubprocessASGIServer
 
         server = SubprocessASGIServer()
-        server.start()
+        with quiet_flow_settings(), translated_startup_timeout():
+            server.start()
         url = server.api_url
     os.environ["PREFECT_API_URL"] = str(url)
     return str(url)
@@ -328,10 +331,11 @@ def share_prefect_api() -> str:
 
 def quiet_flow_settings() -> Any:
     """A settings context that switches Prefect's per-flow-run heartbeat thread off (its join costs ~0.5 s per
-    flow run, PREFECT.md); smthrs heartbeats its own runs."""
+    flow run, PREFECT.md); smthrs heartbeats its own runs. It also gives Prefect's ephemeral server 180 s to start
+    unless the user chose a startup timeout (:mod:`._prefect_env`)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, **startup_timeout_updates()})
 
 
 def run_plan_in_flow(
@@ -346,7 +350,8 @@ def run_plan_in_flow(
 ) -> Report:
     """Run ``plan`` as run ``run_id`` inside a Prefect flow run named after the run (``smthrs run --prefect``):
     every node dispatch is a task run of that flow run, and the Report is attached as a markdown artifact.
-    ``task_runner`` defaults to Prefect's thread pool. A scheduler refusal fails the flow run and is raised."""
+    ``task_runner`` defaults to Prefect's thread pool. A scheduler refusal fails the flow run and is raised;
+    Prefect's ephemeral server not starting in time is ``SchedulerError(prefect_unavailable)``."""
     from prefect import Flow
     from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -374,6 +379,6 @@ def run_plan_in_flow(
         validate_parameters=False,
         log_prints=False,
     )
-    with quiet_flow_settings():
+    with quiet_flow_settings(), translated_startup_timeout():
         report: Report = smthrs_flow()
     return report

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from _prefect_support import poll
+from _timetravel import let_the_deadline_pass
 from prefect import flow
 
 import smthrs_plugin as sp
@@ -46,7 +47,9 @@ def publish(value: int) -> int:
 @flow(persist_result=False)
 def nightly(n: int = 1) -> int:
     built = build(n)
-    sp.sleep(1.5, name="cool-down")
+    sp.sleep(
+        3600, name="cool-down"
+    )  # far longer than any drive: the test lets it pass (_timetravel.let_the_deadline_pass)
     return publish(built)
 
 
@@ -143,6 +146,7 @@ def test_a_sleep_beyond_the_budget_pauses_the_flow_run_and_a_driver_resumes_it_a
     assert isinstance(early, DriveParked) and early.wait == TimerWait(due, None)
     assert EXECUTED == ["build:3"]
 
+    due = let_the_deadline_pass(rt.db, run_id, "cool-down")  # the hour has passed, without waiting for it
     driver = sp.RunDriver(rt.db, settings=rt.settings, wait_budget_s=0, tick_s=0.2)
     driver.register(flow_name(nightly), flow_fn(nightly))
     with driver:
@@ -309,7 +313,9 @@ def test_a_wait_inside_a_step_body_is_refused_because_a_cache_hit_would_skip_it(
     assert isinstance(out, DriveSettled) and out.status == "failed"
     rt = current_spec().open()
     record = rt.runs.get("in-step-1")
-    assert record is not None and record.error["code"] == "invalid_wait" and "@step" in record.error["message"]
+    assert (
+        record is not None and record.error["code"] == "invalid_wait" and "@step" in record.error["message"]
+    )
     types = {e.type for e in rt.journal.read("in-step-1", limit=500)}
     assert "control.approval.requested" not in types and "clock-scheduled" not in types  # nothing was written
 
@@ -328,7 +334,9 @@ def test_a_flow_that_cannot_be_called_with_its_parameters_is_refused_before_the_
     assert rt.runs.get("day-1") is None
 
 
-def test_smthrs_worker_run_takes_params_for_a_new_run_and_refuses_other_ones_later(ws: Path, db_url: str) -> None:
+def test_smthrs_worker_run_takes_params_for_a_new_run_and_refuses_other_ones_later(
+    ws: Path, db_url: str
+) -> None:
     from typer.testing import CliRunner
 
     from smthrs_plugin.cli import app

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _timetravel import let_the_deadline_pass
 
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.engine.runs import RunStore
@@ -36,13 +37,13 @@ def report(ws: sp.Workspace, day: str) -> int:
 @flow
 def nightly(day: str = "2026-11-30") -> int:
     pages = report(day)
-    sp.sleep(3, name="cool-down")   # a durable clock: the process may exit, the deadline stays
+    sp.sleep(3600, name="cool-down")  # a durable clock: the process may exit, the deadline stays
     sp.require_approval("publish")  # parks waiting-approval until someone approves
     return pages
 """
 COMMANDS = """\
 SMTHRS_WAIT_BUDGET_S=0 smthrs worker --flow nightly_flow:nightly --run night-1   # exit 75: parked on the timer
-smthrs worker --flow nightly_flow:nightly --run night-1   # after 3 s: report served clean; exit 75: approval
+smthrs worker --flow nightly_flow:nightly --run night-1   # an hour later: report served clean; exit 75: approval
 smthrs approve night-1 --request publish                  # records the decision, wakes the run
 smthrs worker --flow nightly_flow:nightly --run night-1   # exit 0: completed
 """
@@ -82,9 +83,11 @@ def test_readme_prefect_flow_sleeps_and_asks_for_approval_across_process_exits(t
     assert parked.returncode == 75, parked.stderr
     out = json.loads(parked.stdout)
     assert out["status"] == "parked" and out["wait"]["reason"] == "timer"
-    due = out["wait"]["wake_at_ms"]
-    while time.time() * 1000 < due:
-        time.sleep(0.1)
+    assert out["wait"]["wake_at_ms"] > time.time() * 1000 + 3_000_000  # an hour away: no command outlasts it
+    # "An hour later", in the database: the test never races a real-time deadline.
+    let_the_deadline_pass(
+        open_database(f"sqlite:///{tmp_path / '.smthrs' / 'state.db'}"), "night-1", "cool-down"
+    )
 
     asked = _run(again, tmp_path, base)
     assert asked.returncode == 75, asked.stderr

@@ -106,9 +106,18 @@ def executor_for(root: Path, ws: Path, scenario: str, phase: str) -> Any:
             (ws / "state.txt").write_text("half-written garbage")  # a partial effect outside the sandbox
         if scenario == "merge" and ni.id == "loser" and phase == "first":
             (ws / "shared.txt").write_text("someone else landed")  # the landing race the loser loses
-        if scenario == "merge-grown" and ni.id == "loser" and phase == "first":
-            while not (ws / "shared.txt").exists():  # lose the race to the winner's landing
-                time.sleep(0.01)
+        if scenario == "merge-grown" and phase == "first":
+            # A race with a fixed outcome, whatever the machine's speed: the winner lands only once the loser is
+            # running (its sandbox taken from the base, before the landing), and the loser returns only after the
+            # winner landed. Without this barrier a slow start let the loser begin after the landing: no conflict,
+            # no merge, and the first phase ran to its end.
+            if ni.id == "loser":
+                (root / "started-loser").touch()
+                while not (ws / "shared.txt").exists():  # lose the race to the winner's landing
+                    time.sleep(0.01)
+            elif ni.id == "winner":
+                while not (root / "started-loser").exists():
+                    time.sleep(0.01)
         for w in ni.node.effects.writes:
             (ni.root / w).write_text(f"{ni.id}:{list(ni.inputs)}")
         if ni.id in block:

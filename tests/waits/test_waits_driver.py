@@ -198,15 +198,34 @@ def _waiter(ctx: RunContext) -> dict[str, Any]:
     }
 
 
+class ObservedWaits(WaitStore):
+    """The real store; :attr:`missed` is set once the flow's check found its deferred not completed yet.
+
+    The waiter subscribes to the bus BEFORE that check, so a subscription alone does not prove the check is over: a
+    completion landing in between would be found by the first check, and neither a wake nor a poll would be
+    exercised. Completing only after :attr:`missed` is set pins the path under test on any machine."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.missed = threading.Event()
+
+    def deferred(self, flow: str, execution_id: str, name: str) -> Any:
+        seen = super().deferred(flow, execution_id, name)
+        if seen is None:
+            self.missed.set()
+        return seen
+
+
 def test_a_completed_deferred_wakes_the_waiter_through_the_bus_without_a_poll_tick(
     db: Database, drivers: Callable[..., RunDriver]
 ) -> None:
     bus = WakeBus()
-    drv = drivers(bus=bus, wait_budget_s=3600, wait_poll_s=3600)  # only a wake can end the wait
+    waits = ObservedWaits(db)
+    drv = drivers(bus=bus, waits=waits, wait_budget_s=3600, wait_poll_s=3600)  # only a wake can end the wait
     drv.register("waiter", _waiter)
     drv.submit("r1", "waiter")
     call = Background(lambda: drv.drive("r1"))
-    eventually(lambda: bus.waiters("r1") == 1)
+    assert waits.missed.wait(120) and bus.waiters("r1") == 1  # the flow checked, found nothing, and listens
     sp.complete("r1", "go", 7, db=db, bus=bus)
     assert call.join() == DriveSettled("r1", "completed", "completed")
     assert drv.runs.get("r1").result == {"value": 7, "checks": 2, "woken": 1, "timed_out": 0}  # type: ignore[union-attr]
@@ -218,11 +237,12 @@ def test_with_the_noop_bus_the_polling_fallback_still_completes_the_run(
     db: Database, drivers: Callable[..., RunDriver]
 ) -> None:
     bus = NoopWakeBus()
-    drv = drivers(bus=bus, wait_budget_s=3600, wait_poll_s=0.02)
+    waits = ObservedWaits(db)
+    drv = drivers(bus=bus, waits=waits, wait_budget_s=3600, wait_poll_s=0.02)
     drv.register("waiter", _waiter)
     drv.submit("r1", "waiter")
     call = Background(lambda: drv.drive("r1"))
-    eventually(lambda: bus.waiters("r1") == 1)
+    assert waits.missed.wait(120) and bus.waiters("r1") == 1  # the flow checked, found nothing, and listens
     sp.complete("r1", "go", 8, db=db, bus=bus)
     assert call.join() == DriveSettled("r1", "completed", "completed")
     result = drv.runs.get("r1").result  # type: ignore[union-attr]

@@ -1,7 +1,11 @@
 """Timer nodes in plans (``wait: {seconds: N}`` / ``wait: {until: ISO-8601}``), SQLite and PostgreSQL: the run parks
 ``timer`` (``smthrs run`` exits 75) and resumes at the STORED deadline — on a re-run, after a SIGKILL, or from a
 worker — replaying the nodes it settled as ``clean``; a timer is never served to another run; a malformed spec is
-refused before anything is written."""
+refused before anything is written.
+
+No test here depends on the machine's speed: timers are an hour long (far longer than any command), and the test
+lets one pass by moving its STORED deadline into the past in the database (:func:`_timetravel.let_the_deadline_pass`) — what
+an hour of waiting would do, without waiting. A re-run that computed a fresh deadline would park for an hour."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _timetravel import let_the_deadline_pass
 
 import smthrs_plugin as sp
 from smthrs_plugin.engine.journal import Journal
@@ -22,6 +27,9 @@ from smthrs_plugin.engine.waits import WaitStore
 from smthrs_plugin.errors import PlanError, SchedulerError
 from smthrs_plugin.scheduler.planfile import read_plan_file
 from smthrs_plugin.stores.database import open_database
+
+#: A timer far longer than any command, however busy the machine.
+HOUR_S = 3600
 
 PLAN = """\
 plan: release
@@ -85,7 +93,7 @@ pytestmark = pytest.mark.slow
 def test_a_timer_node_parks_the_run_and_a_re_run_resumes_it_at_the_stored_deadline(
     db_url: str, tmp_path: Path
 ) -> None:
-    plan, env = _setup(tmp_path, db_url, 1.5)
+    plan, env = _setup(tmp_path, db_url, HOUR_S)
     code, out = smthrs(env, "run", str(plan), "--run-id", "rel-1", budget="0")
     assert code == 75 and out["status"] == "parked" and out["node"] == "cool-down"
     due = out["wait"]["wake_at_ms"]
@@ -95,9 +103,8 @@ def test_a_timer_node_parks_the_run_and_a_re_run_resumes_it_at_the_stored_deadli
     assert code == 75 and again["wait"]["wake_at_ms"] == due  # the ORIGINAL deadline, not a new one
     assert lines(tmp_path, "build") == 1  # settled work replays; it does not run again
 
+    due = let_the_deadline_pass_at(db_url, "rel-1", "node:cool-down")  # the hour has passed
     waits = WaitStore(open_database(db_url))
-    while time.time() * 1000 < due + 5:
-        time.sleep(0.05)  # wait out the deadline (nothing is asserted about how long this takes)
     code, done = smthrs(env, "run", str(plan), "--run-id", "rel-1", budget="0")
     assert code == 0 and done["status"] == "completed"
     assert {s["node"]: s["outcome"] for s in done["settlements"]} == {
@@ -107,6 +114,7 @@ def test_a_timer_node_parks_the_run_and_a_re_run_resumes_it_at_the_stored_deadli
     }
     assert lines(tmp_path, "build") == 1 and lines(tmp_path, "announce") == 1
     clock = waits.clock("ci/release", "rel-1", "node:cool-down")
+    # Fired at the stored deadline: a re-run that armed a fresh hour-long timer would have parked again.
     assert clock is not None and clock.due_at_ms == due and clock.completed_at_ms >= due  # type: ignore[operator]
     rec = RunStore(waits.db).get("rel-1")
     assert rec is not None and rec.status == "completed"
@@ -115,10 +123,10 @@ def test_a_timer_node_parks_the_run_and_a_re_run_resumes_it_at_the_stored_deadli
 def test_a_timer_node_survives_sigkill_and_a_worker_resumes_it_at_the_stored_deadline(
     db_url: str, tmp_path: Path
 ) -> None:
-    plan, env = _setup(tmp_path, db_url, 2)
+    plan, env = _setup(tmp_path, db_url, HOUR_S)  # the runner is still inside the timer when it is killed
     runner = subprocess.Popen(
         [sys.executable, "-m", "smthrs_plugin", "run", str(plan), "--run-id", "rel-2"],
-        env={**env, "SMTHRS_WAIT_BUDGET_S": "600"},
+        env={**env, "SMTHRS_WAIT_BUDGET_S": str(2 * HOUR_S)},  # sleeps in-process instead of parking
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -131,6 +139,7 @@ def test_a_timer_node_survives_sigkill_and_a_worker_resumes_it_at_the_stored_dea
     runner.kill()  # SIGKILL while the timer node sleeps in-process
     runner.wait()
     assert clock.pending and runs.get("rel-2").status == "running"  # type: ignore[union-attr]
+    due = let_the_deadline_pass_at(db_url, "rel-2", "node:cool-down")  # the hour has passed
 
     worker = subprocess.Popen(
         [sys.executable, "-m", "smthrs_plugin", "worker", "--plan", str(plan), "--json"],
@@ -148,7 +157,7 @@ def test_a_timer_node_survives_sigkill_and_a_worker_resumes_it_at_the_stored_dea
         worker.communicate(timeout=60)
     assert rec.result["outcomes"] == {"build": "clean", "cool-down": "built", "announce": "built"}
     fired = waits.clock("ci/release", "rel-2", "node:cool-down")
-    assert fired is not None and fired.due_at_ms == clock.due_at_ms
+    assert fired is not None and fired.due_at_ms == due
     assert fired.completed_at_ms is not None and fired.completed_at_ms >= fired.due_at_ms
     assert lines(tmp_path, "build") == 1 and lines(tmp_path, "announce") == 1
     types = [e.type for e in Journal(db).read("rel-2", limit=1000)]
@@ -193,3 +202,11 @@ def test_a_malformed_wait_spec_is_refused_before_anything_is_written(db_url: str
         with pytest.raises(SchedulerError) as refused:
             rt.scheduler("r").run(plan, lambda ni: None)
         assert refused.value.code == "invalid_plan" and rt.runs.get("r") is None
+
+
+def let_the_deadline_pass_at(db_url: str, run_id: str, clock: str) -> int:
+    db = open_database(db_url)
+    try:
+        return let_the_deadline_pass(db, run_id, clock)
+    finally:
+        db.close()

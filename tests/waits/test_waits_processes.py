@@ -1,7 +1,13 @@
 """Durable waits across real processes and real signals (SQLite and PostgreSQL): ``smthrs worker`` processes are
 SIGKILLed and SIGTERMed while runs sleep or wait, and other processes carry the runs on. Every wait has a deadline
 and the tests assert states and orders (a deadline is compared with the clock reading at fire time), never
-elapsed wall time."""
+elapsed wall time.
+
+No test here depends on the machine's speed: every sleep is an hour or more and every in-process wait budget is
+hours (far longer than any command, however busy the machine), so a process is always killed or stopped while it
+still waits. Time passes without waiting: the test moves a STORED deadline into the past in the database
+(:func:`_let_the_deadline_pass`) and a dead owner's last heartbeat an hour back (:func:`_expire_lease`). A process
+that re-armed a fresh deadline instead of keeping the stored one would wait for hours, and the test would fail."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _timetravel import expire_lease, let_the_deadline_pass
 
 from smthrs_plugin.engine.cancellation import cancel_run
 from smthrs_plugin.engine.journal import Journal
@@ -28,15 +35,21 @@ from smthrs_plugin.stores.database import Database, open_database
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
+#: A sleep far longer than any command, however busy the machine.
+HOUR_S = 3600
+#: An in-process wait budget longer than any sleep here: a waiting run stays in its process until the test acts.
+IN_PROCESS = str(2 * HOUR_S)
 FAST = {
     "SMTHRS_HEARTBEAT_INTERVAL_S": "0.05",
-    "SMTHRS_STALE_AFTER_S": "1",
+    # The production lease: a live owner never loses its run to a slow machine; a dead one is expired by the test.
+    "SMTHRS_STALE_AFTER_S": "30",
     "SMTHRS_SKEW_ALLOWANCE_S": "0.1",
     "SMTHRS_WAIT_POLL_S": "0.05",
 }
 
 
-def eventually(cond: Callable[[], Any], timeout: float = 45.0) -> Any:
+def eventually(cond: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """Poll ``cond`` until truthy (the timeout only guards against a hang; nothing asserts how long it took)."""
     deadline = time.monotonic() + timeout
     while True:
         v = cond()
@@ -138,21 +151,21 @@ def test_a_timer_survives_sigkill_and_fires_once_at_its_stored_deadline(
     runs, waits, journal = stores
     runs.create("n1", "nap")
     nap = ["--flow", "nap=_waits_flows:nap"]
-    first = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": "2", "SMTHRS_WAIT_BUDGET_S": "0"})
+    first = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": str(HOUR_S), "SMTHRS_WAIT_BUDGET_S": "0"})
     workers.append(first)
     parked = eventually(lambda: isinstance(w := waits.waiting("n1"), WaitingRun) and w)
-    first.kill()  # the process holding the armed timer dies before the deadline
+    first.kill()  # the process holding the armed timer dies an hour before the deadline
     clock = waits.clock("nap", "n1", "nap")
     assert clock is not None and clock.pending and parked.wait == TimerWait(clock.due_at_ms)
+    due = let_the_deadline_pass(waits.db, "n1", "nap")  # the hour has passed
 
-    second = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": "2"})
+    second = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": str(HOUR_S), "SMTHRS_WAIT_BUDGET_S": "0"})
     workers.append(second)
     eventually(lambda: status(runs, "n1") == "completed")
     fired = waits.clock("nap", "n1", "nap")
     rec = runs.get("n1")
-    assert (
-        fired is not None and fired.due_at_ms == clock.due_at_ms
-    )  # the stored deadline, never re-armed later
+    # The stored deadline, never re-armed later: a fresh hour-long timer would have parked the run again.
+    assert fired is not None and fired.due_at_ms == due
     assert fired.completed_at_ms is not None and fired.completed_at_ms >= fired.due_at_ms
     assert rec is not None and rec.result["woke_at_ms"] >= fired.due_at_ms and rec.result["pid"] == second.pid
     assert marks(tmp_path, "n1", "after-nap") == [second.pid]  # the code after the sleep ran once
@@ -167,25 +180,32 @@ def test_an_in_process_sleep_killed_mid_wait_is_stolen_and_resumes_to_its_origin
     runs, waits, journal = stores
     runs.create("n2", "nap")
     nap = ["--flow", "nap=_waits_flows:nap"]
-    first = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": "3", "SMTHRS_WAIT_BUDGET_S": "60"})
+    first = Worker(
+        tmp_path, db_url, *nap, env={"WAITS_NAP_S": str(HOUR_S), "SMTHRS_WAIT_BUDGET_S": IN_PROCESS}
+    )
     workers.append(first)
-    clock = eventually(lambda: waits.clock("nap", "n2", "nap"))
+    eventually(lambda: waits.clock("nap", "n2", "nap"))
     first.kill()  # SIGKILL while sleeping in-process: the run row stays "running" under a dead owner
     assert status(runs, "n2") == "running"
-    second = Worker(tmp_path, db_url, *nap, env={"WAITS_NAP_S": "30", "SMTHRS_WAIT_BUDGET_S": "60"})
+    expire_lease(waits.db, "n2")  # the dead owner's lease has lapsed
+    due = let_the_deadline_pass(waits.db, "n2", "nap")  # and the hour has passed
+    asks_more = str(2 * HOUR_S)
+    second = Worker(
+        tmp_path, db_url, *nap, env={"WAITS_NAP_S": asks_more, "SMTHRS_WAIT_BUDGET_S": IN_PROCESS}
+    )
     workers.append(second)
     eventually(lambda: status(runs, "n2") == "completed")
     rec = runs.get("n2")
-    assert rec is not None and rec.result["pid"] == second.pid and rec.result["woke_at_ms"] >= clock.due_at_ms
+    assert rec is not None and rec.result["pid"] == second.pid and rec.result["woke_at_ms"] >= due
     stolen = [e.payload for e in journal.read("n2", limit=1000) if e.type == "stolen-and-activated"]
     assert (
         len(stolen) == 1
         and stolen[0]["from"]["pid"] == first.pid
         and stolen[0]["evidence"] == "lease-expired"
     )
-    # 30 s asked on the re-run, 3 s kept: a restart never extends a sleep.
+    # Two hours asked on the re-run, the stored deadline kept: a restart never extends a sleep.
     fired = waits.clock("nap", "n2", "nap")
-    assert fired is not None and fired.due_at_ms == clock.due_at_ms
+    assert fired is not None and fired.due_at_ms == due
     assert marks(tmp_path, "n2", "after-nap") == [second.pid]
     second.terminate()
 
@@ -229,7 +249,7 @@ def test_a_pending_deferred_survives_sigkill_and_two_completers_serve_one_value(
     assert sorted(said) == ["Completed", "Existing"]
     winner = f"completer-{said.index('Completed')}"
 
-    second = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": "30"})
+    second = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": IN_PROCESS})
     workers.append(second)
     eventually(lambda: status(runs, "a1") == "completed")
     rec = runs.get("a1")
@@ -246,7 +266,7 @@ def test_a_released_run_is_re_driven_by_the_sweep_of_another_process(
     runs, waits, journal = stores
     runs.create("h1", "approval")
     flows = ["--flow", "approval=_waits_flows:approval"]
-    first = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": "60"}).serving()
+    first = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": IN_PROCESS}).serving()
     workers.append(first)
     eventually(lambda: (r := runs.get("h1")) is not None and r.owner is not None and r.owner.pid == first.pid)
     assert first.terminate()["released"] == ["h1"]
@@ -254,7 +274,7 @@ def test_a_released_run_is_re_driven_by_the_sweep_of_another_process(
     assert isinstance(released, WaitingRun) and released.wait == ReleasedWait("shutdown")
     assert released.cancel_requested_at_ms is None  # shutdown released it; nothing cancelled it
 
-    second = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": "60"})
+    second = Worker(tmp_path, db_url, *flows, env={"SMTHRS_WAIT_BUDGET_S": IN_PROCESS})
     workers.append(second)
     eventually(
         lambda: (r := runs.get("h1")) is not None and r.owner is not None and r.owner.pid == second.pid
@@ -286,8 +306,10 @@ def test_cancelling_a_parent_from_another_process_cancels_its_parked_and_running
     runs.create("child", "approval", parent_run_id="parent")
     runs.create("grandchild", "approval", parent_run_id="child")
     flows = ["--flow", "nap=_waits_flows:nap", "--flow", "approval=_waits_flows:approval"]
-    # The nap (3600 s) is beyond the budget: the parent parks; the approvals wait in-process.
-    worker = Worker(tmp_path, db_url, *flows, env={"WAITS_NAP_S": "3600", "SMTHRS_WAIT_BUDGET_S": "600"})
+    # The nap (four hours) is beyond the budget: the parent parks; the approvals wait in-process.
+    worker = Worker(
+        tmp_path, db_url, *flows, env={"WAITS_NAP_S": str(4 * HOUR_S), "SMTHRS_WAIT_BUDGET_S": IN_PROCESS}
+    )
     workers.append(worker)
     eventually(lambda: isinstance(waits.waiting("parent"), WaitingRun))
     eventually(lambda: status(runs, "child") == "running" and status(runs, "grandchild") == "running")
@@ -314,7 +336,7 @@ def test_sigterm_while_driving_one_run_releases_it_and_exits_75(
         "approval=_waits_flows:approval",
         "--run",
         "t1",
-        env={"SMTHRS_WAIT_BUDGET_S": "600"},
+        env={"SMTHRS_WAIT_BUDGET_S": IN_PROCESS},
     )
     try:
         eventually(lambda: status(runs, "t1") == "running")

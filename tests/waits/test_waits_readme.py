@@ -1,6 +1,7 @@
 """The README's "Durable waits" example, run verbatim: a flow file and two ``smthrs worker`` commands in real
 processes — the first parks the run on its timer and exits 75, the second (a new process) fires the timer at its
-stored deadline and completes the run."""
+stored deadline and completes the run. The hour passes in the database (``_timetravel``), never on the wall
+clock: no step of the test races a short real-time deadline."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _timetravel import let_the_deadline_pass
 
 from smthrs_plugin.engine.runs import RunStore
 from smthrs_plugin.engine.waits import WaitStore
@@ -27,7 +29,7 @@ NIGHTLY_PY = """\
 import smthrs_plugin as sp
 
 def nightly(ctx):                     # ctx: sp.RunContext (run_id, clock, ...)
-    sp.sleep(3, name="cool-down")     # a durable clock: its deadline is stored by the first call
+    sp.sleep(3600, name="cool-down")  # a durable clock: its deadline is stored by the first call
     return {"woke_at_ms": ctx.clock.now_ms()}
 """
 PARK = "SMTHRS_WAIT_BUDGET_S=0 smthrs worker --flow nightly=nightly:nightly --run night-1"
@@ -62,7 +64,10 @@ def test_readme_durable_waits_example_sleeps_past_a_process_restart(tmp_path: Pa
     assert parked.returncode == 75, parked.stderr
     out = json.loads(parked.stdout)
     assert out["status"] == "parked" and out["wait"]["reason"] == "timer"
-    due = out["wait"]["wake_at_ms"]
+    assert out["wait"]["wake_at_ms"] > time.time() * 1000 + 3_000_000  # an hour away: no command outlasts it
+    due = let_the_deadline_pass(
+        open_database(f"sqlite:///{tmp_path / '.smthrs' / 'state.db'}"), "night-1", "cool-down"
+    )
 
     env, argv = _command(SERVE)
     serving = subprocess.Popen(
