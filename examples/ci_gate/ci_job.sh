@@ -19,7 +19,7 @@ KEY="deploy:v1.4.0"
 field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 
 # 1. Plan: the reviewable card (plan id, digest, node graph).
-plan_id="$($SMTHRS plan pipeline.yaml --json | field "['planId']")"
+plan_id="$($SMTHRS plan pipeline.yaml --json | field "['plan_id']")"
 echo "planned $plan_id"
 
 # 2. The CI job runs it: the plan needs an approval, so the run parks (75) and records nothing.

@@ -1,8 +1,7 @@
 """Shared option types, exit codes and output helpers of the ``smthrs`` commands.
 
-Exit codes (DESIGN.md §8): 0 done/accepted, 1 a node or run failed, 2 usage or refused input (every typed
-:class:`~smthrs_plugin.errors.SmthrsError` refusal), 3 approval refused/denied, 75 parked waiting for approval or a
-timer.
+Exit codes: the one table of :mod:`._exits` (0 done — for a run: completed —, 1 failed/cancelled, 2 refused input,
+3 denied, 75 not finished: parked, or held by another live owner); re-exported here for the commands.
 """
 
 from __future__ import annotations
@@ -15,12 +14,22 @@ import typer
 
 from ..errors import SmthrsError
 from ..settings import load_settings
+from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED, EXIT_TEMPFAIL, refusal_exit
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_REFUSED = 2
-EXIT_DENIED = 3
-EXIT_PARKED = 75
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_REFUSED",
+    "EXIT_DENIED",
+    "EXIT_PARKED",
+    "EXIT_TEMPFAIL",
+    "DbOption",
+    "JsonOption",
+    "WorkspaceOption",
+    "db_url",
+    "done",
+    "refuse",
+]
 
 DbOption = Annotated[
     str | None,
@@ -42,8 +51,9 @@ def done(as_json: bool, payload: dict[str, Any], text: str) -> None:
 
 
 def refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
+    """Print a typed refusal (``{"error": {...}}`` with ``--json``) and exit by :func:`._exits.refusal_exit`."""
     if as_json:
         typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
     else:
         typer.echo(f"smthrs: refused: {exc}", err=True)
-    raise typer.Exit(EXIT_REFUSED)
+    raise typer.Exit(refusal_exit(exc))

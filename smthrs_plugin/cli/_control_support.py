@@ -1,11 +1,20 @@
-"""What the control-plane commands share: the launcher a CLI run uses, the one answer a command prints (a receipt and
-the run it names), and the mapping of every answer and refusal to an exit code (DESIGN.md §8).
+"""What the control-plane commands share: the launcher a CLI run uses, the follower that finishes a retried run (or
+says why it cannot), and the one answer a command prints (a receipt and the run it names) with its exit code from
+the one table of :mod:`._exits`.
 
-Exit codes: 0 done/accepted (a completed run, a recorded decision, a run another live process drives); 1 a run or
-node failed (or was cancelled); 2 usage or refused input (``InvalidInput``, ``Conflict``, a mismatched digest or
-envelope, an unknown plan or run, ``AlreadyResolved``, a decision on a settled run); 3 approval refused or denied
-(``Unauthorized``, ``PlanDenied``, a run failed by ``ApprovalDenied``); 75 parked waiting for an approval or a
-timer (``Parked``, or a run suspended ``waiting-approval``/``timer``/``event``).
+Invariants (issue 14)
+- **Exit 0 means exactly "the run completed"** for ``run --key``/``resume``: a run still ``pending``/``running``
+  after this process is done with it never exits 0 (:func:`follow` first finishes it or follows it to its end).
+- **A retry finishes the job or says why it cannot** (:func:`follow`): when the run a receipt names is still live
+  and not driven here, a provably gone owner is taken over — at its lease expiry (``stale_after``, 30 s of
+  heartbeat age), waited for with a progress line on stderr — and the run is driven to its end in this process;
+  a live owner is followed until the run settles or parks; with ``--no-wait`` the command exits 75 naming the
+  owner instead of waiting. Waiting is driven by the control plane's clock and ``wait_poll_s``, never by wall
+  time measured here. A takeover refused by the liveness check (a live owner past its lease) is re-tried with
+  the stale sweep's backoff (2 polls, doubling per refusal of the same lease, capped at the stale window); the
+  arbiter journals that refusal once per (run, owner, lease, evidence).
+- JSON: our own fields are snake_case (``run_id``, ``plan_id``, ``waiting_reason``, ``request_id`` ...); the
+  nested ``receipt`` keeps the seed's wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``).
 
 The CLI is a trusted host capability: it opens the database itself, so anyone who can run it with the database's
 credentials can do what the control plane can. ``--as ID/KIND`` names the deciding principal; the approval
@@ -23,12 +32,21 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from smthrs_plugin.cli._common import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
+from smthrs_plugin.cli._exits import (
+    EXIT_DENIED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARKED,
+    EXIT_REFUSED,
+    exit_code,
+    refusal_exit,
+)
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.control import AdmittedRun, Control
     from smthrs_plugin.control.identity import Principal
+    from smthrs_plugin.engine.fence import OwnerId
     from smthrs_plugin.runtime import Runtime
     from smthrs_plugin.scheduler.model import Report
 
@@ -44,10 +62,9 @@ __all__ = [
     "refusal_exit",
     "fail",
     "answer",
+    "follow",
+    "Held",
 ]
-
-_DENIED_CODES = frozenset({"unauthorized", "plan_denied", "approval_denied"})
-_PARKED_REASONS = frozenset({"waiting-approval", "timer", "event"})
 
 
 def parse_principal(text: str | None) -> Principal:
@@ -70,11 +87,6 @@ def parse_inputs(pairs: list[str] | None) -> dict[str, str]:
             )
         out[k] = v
     return out
-
-
-def refusal_exit(exc: SmthrsError) -> int:
-    """3 for an approval refused or denied, else 2 (a refused input)."""
-    return EXIT_DENIED if exc.code in _DENIED_CODES else EXIT_REFUSED
 
 
 def fail(as_json: bool, exc: SmthrsError) -> typer.Exit:
@@ -148,17 +160,115 @@ def _settlements(report: Report | None) -> list[dict[str, Any]]:
     return [] if report is None else [s.to_json() for s in report.settlements]
 
 
-def _run_exit(status: str, waiting: str | None, report: Report | None) -> int:
-    if status == "completed":
-        return EXIT_OK
-    if status == "failed":
-        denied = report is not None and any("approval_denied" in (s.error or "") for s in report.settlements)
-        return EXIT_DENIED if denied else EXIT_FAILED
-    if status == "cancelled":
-        return EXIT_FAILED
-    if status == "suspended":
-        return EXIT_PARKED if waiting in _PARKED_REASONS else EXIT_FAILED
-    return EXIT_OK  # pending / running: accepted, driven by another live process
+@dataclass(frozen=True)
+class Held:
+    """The run is still ``pending``/``running`` under another owner this process could not (yet) take it from."""
+
+    run_id: str
+    status: str
+    owner: OwnerId
+    age_ms: int  #: heartbeat age (claim age for a pending run) when last read
+    expires_in_ms: int  #: until its lease expires (0: expired, and the liveness check vouched for the owner)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.owner.host_id,
+            "pid": self.owner.pid,
+            "nonce": self.owner.nonce,
+            "lease_age_ms": self.age_ms,
+            "lease_expires_in_ms": self.expires_in_ms,
+        }
+
+    def describe(self) -> str:
+        who = f"host {self.owner.host_id!r} pid {self.owner.pid}"
+        if self.expires_in_ms > 0:
+            lease = f"its lease ({self.age_ms / 1000:.1f} s old) expires in {self.expires_in_ms / 1000:.1f} s"
+        else:
+            lease = "its lease expired but the liveness check vouches for it (alive)"
+        return f"run {self.run_id} is {self.status}, owned by {who}; {lease}"
+
+
+def follow(control: Control, run_id: str, relaunch: Any, *, wait: bool = True) -> Held | None:
+    """Finish ``run_id`` from this process, or follow it to its end (see the module invariants).
+
+    ``relaunch()`` repeats the command's own idempotent call (the same key: ``AlreadyApplied`` re-launches the run
+    when nobody drives it). Returns None once the run is settled or parked; with ``wait=False`` a :class:`Held`
+    as soon as another owner holds it."""
+    from smthrs_plugin.control import launch as ln
+    from smthrs_plugin.stores.schema import TERMINAL_STATUSES
+
+    clock = control.clock
+    stale_ms = int(control.settings.stale_after_s * 1000)
+    poll_ms = max(1, int(control.settings.wait_poll_s * 1000))
+    refused: tuple[Any, int] | None = None  # (owner, lease) the liveness check last vouched for
+    refusals, retry_at = 0, 0
+    said: tuple[Any, ...] | None = None
+    said_at = 0
+    while True:
+        row = control.db.read(lambda c: ln.run_row_in(c, run_id))
+        if row is None:
+            raise ControlError("run_not_found", f"run {run_id!r} does not exist", run_id=run_id)
+        now = clock.now_ms()
+        if row.status in TERMINAL_STATUSES:
+            return None
+        if row.status == "suspended":
+            due = row.waiting_reason == "timer" and row.wake_at_ms is not None and row.wake_at_ms <= now
+            if row.waiting_reason != "released" and not due:
+                return None  # parked: an approval, an event, or a timer not yet due (exit 75)
+            holder, since = None, None
+        elif row.status == "running":
+            holder, since = row.owner, row.heartbeat_at_ms
+        else:  # pending: admitted, perhaps under another process's claim
+            holder, since = row.claim, row.claimed_at_ms
+        if holder is None or holder == control.owner or since is None:
+            relaunch()  # nobody holds it: drive it here
+            if control.db.read(lambda c: ln.run_row_in(c, run_id)) == row:
+                # Nothing moved (another process raced us to it): look again later.
+                clock.sleep(poll_ms / 1000)
+            continue
+        age = now - since
+        expires_in = max(0, stale_ms - age)
+        if expires_in == 0 and ((holder, since) != refused or now >= retry_at):
+            relaunch()  # the lease expired: the arbiter steals on Dead evidence, refuses (journaled once) on Alive
+            after = control.db.read(lambda c: ln.run_row_in(c, run_id))
+            still = (
+                after is not None
+                and after.status == row.status
+                and (
+                    (after.owner, after.heartbeat_at_ms)
+                    if row.status == "running"
+                    else (after.claim, after.claimed_at_ms)
+                )
+                == (holder, since)
+            )
+            if not still:
+                continue
+            refusals = refusals + 1 if refused == (holder, since) else 1
+            refused = (holder, since)
+            retry_at = now + min(2 * 2 ** (refusals - 1) * poll_ms, stale_ms)
+        held = Held(run_id, row.status, holder, age, expires_in)
+        if not wait:
+            return held
+        phase = (holder, expires_in == 0)
+        if phase != said or now - said_at >= 10_000:
+            what = (
+                "waiting for the lease to expire to take it over"
+                if expires_in > 0
+                else "following it until it settles"
+            )
+            note = f"smthrs: {held.describe()} — {what} (Ctrl-C stops; --no-wait exits 75)"
+            print(note, file=sys.stderr, flush=True)
+            said, said_at = phase, now
+        pause = poll_ms if expires_in == 0 else min(poll_ms, expires_in)
+        try:
+            clock.sleep(max(pause, 1) / 1000)
+        except KeyboardInterrupt:
+            return held  # Ctrl-C while following: stop as --no-wait would (exit 75, naming the owner)
+
+
+def run_decision(view: Any) -> str | None:
+    """``"denied"`` when a node request of the run was denied (a failed run is then a denied one), else None."""
+    return "denied" if any(r.state == "denied" for r in view.requests) else None
 
 
 def answer(
@@ -169,42 +279,45 @@ def answer(
     card: Any = None,
     report: Report | None = None,
     operation: str = "run",
+    decision: str | None = None,
+    held: Held | None = None,
 ) -> int:
-    """Print ``receipt`` with the state of the run it names (and the card, when given); return the exit code."""
+    """Print ``receipt`` with the state of the run it names (and the card, when given); return the exit code
+    (:func:`._exits.exit_code`). ``decision`` is the recorded decision on an approve/deny target; ``held`` the
+    owner a ``--no-wait`` retry found holding the run."""
     from rich.console import Console
     from rich.table import Table
 
-    from smthrs_plugin.control.receipts import Conflict, Parked, Terminal
-
     # DESIGN.md §8 names the receipt's kind ``type``; the seed's wire form (``receipts.py``) names it ``_tag``.
-    payload: dict[str, Any] = {"receipt": {"type": receipt.type, **receipt.to_dict()}}
+    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply.
+    payload: dict[str, Any] = {
+        "receipt": {"type": receipt.type, **receipt.to_dict()},
+        "run_id": None,
+        "status": None,
+        "waiting_reason": None,
+        "requests": [],
+        "plan_id": getattr(receipt, "plan_id", None),
+        "digest": None,
+    }
     if card is not None:
         payload.update(plan_id=card.plan_id, digest=card.digest)
     run_id = getattr(receipt, "run_id", None)
     view = None
+    status: str | None = None
+    waiting: str | None = None
     if run_id is not None:
         view = control.show(run_id)
-        payload.update(run_id=run_id, status=view.status, waiting_reason=view.waiting_reason)
-        payload["requests"] = [r.to_json() for r in view.pending]
+        status, waiting = view.status, view.waiting_reason
+        payload.update(run_id=run_id, status=status, waiting_reason=waiting)
+        payload["requests"] = [r.to_json() for r in view.requests if r.state == "pending"]
         if view.admission is not None and card is None:
             payload.update(plan_id=view.admission.plan_id, digest=view.admission.card_digest)
+        if operation in ("run", "resume"):
+            decision = run_decision(view)
     if operation in ("run", "resume"):
         payload["settlements"] = _settlements(report)
-    if isinstance(receipt, Parked):
-        code = EXIT_PARKED
-    elif isinstance(receipt, Conflict):
-        code = EXIT_REFUSED
-    elif isinstance(receipt, Terminal):
-        if operation in ("approve", "deny"):
-            code = EXIT_REFUSED
-        elif operation == "cancel":
-            code = EXIT_OK
-        else:
-            code = EXIT_OK if receipt.status == "completed" else EXIT_FAILED
-    elif view is not None and operation in ("run", "resume"):
-        code = _run_exit(view.status, view.waiting_reason, report)
-    else:
-        code = EXIT_OK
+        payload["owner"] = None if held is None else held.to_json()
+    code = exit_code(operation, receipt.type, status, waiting, decision)
     if as_json:
         typer.echo(json.dumps(payload, sort_keys=True, default=str))
         return code
@@ -215,6 +328,11 @@ def answer(
             table.add_row(s.node, s.outcome, s.cache_decision or "-", str(s.attempts), s.error or "")
         console.print(table)
     console.print(_headline(receipt, payload, operation))
+    if held is not None:
+        console.print(
+            f"  {held.describe()}; not waiting (--no-wait): run the same command again later, or without "
+            "--no-wait to wait for it"
+        )
     if view is not None and view.pending:
         for r in view.pending:
             console.print(
@@ -235,7 +353,7 @@ def _headline(receipt: Any, payload: Mapping[str, Any], operation: str) -> str:
     if tag == "Terminal":
         return f"{operation}: Terminal — run {receipt.run_id} already settled {receipt.status}"
     status = payload.get("status")
-    where = f" run {payload['run_id']}: {status}" if "run_id" in payload else ""
+    where = f" run {payload['run_id']}: {status}" if payload.get("run_id") else ""
     if payload.get("waiting_reason"):
         where += f" ({payload['waiting_reason']})"
     return f"{operation}: {tag}{where}"

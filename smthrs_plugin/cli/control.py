@@ -5,7 +5,7 @@
     smthrs plan PLAN.yaml [--input k=v]...                       # prints the PlanCard (plan id, digest, nodes)
     smthrs approve PLAN_ID|RUN_ID [--request R] [--digest D] [--scope once|run|remembered] [--as ID/KIND] [--key K]
     smthrs deny    PLAN_ID|RUN_ID [--request R] [--digest D] [--as ID/KIND] [--key K]
-    smthrs resume RUN_ID --key K [--as ID/KIND] [--steps N] [--agents N] [--prefect]
+    smthrs resume RUN_ID --key K [--as ID/KIND] [--steps N] [--agents N] [--prefect] [--no-wait]
     smthrs resume RUN_ID --key K --flow MODULE:FLOW                 # a flow's run (a Prefect @flow, or NAME=M:F)
     smthrs cancel RUN_ID [--as ID/KIND] [--reason TEXT]
 
@@ -28,9 +28,11 @@ import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
 from smthrs_plugin.cli._control_support import (
+    Held,
     PlanLauncher,
     answer,
     fail,
+    follow,
     parse_inputs,
     parse_principal,
 )
@@ -56,6 +58,14 @@ KeyOpt = Annotated[
     str | None, typer.Option("--key", help="Idempotency key (default: derived from the target).")
 ]
 InputOpt = Annotated[list[str] | None, typer.Option("--input", help="Plan input KEY=VALUE (repeatable).")]
+NoWaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait",
+        help="When another live process owns the run, exit 75 naming it (host, pid) instead of following the run "
+        "(or waiting for its lease to expire to take it over).",
+    ),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -89,7 +99,15 @@ def plan_command(
         raise fail(as_json, exc) from None
     approval = "none" if state is None else state.tag.lower()
     if as_json:
-        typer.echo(json.dumps({**card.to_json(), "approvalState": approval}, sort_keys=True))
+        # Our fields snake_case like every --json; the card itself in the seed's wire form (``card.planId``).
+        payload = {
+            "plan_id": card.plan_id,
+            "flow_id": card.flow_id,
+            "digest": card.digest,
+            "approval_state": approval,
+            "card": card.to_json(),
+        }
+        typer.echo(json.dumps(payload, sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table
@@ -168,6 +186,21 @@ def _target(control: Control, ident: str, request: str | None, digest: str | Non
     )
 
 
+def _decision(control: Control, target: Any) -> str | None:
+    """The recorded decision on ``target`` now (``approved`` | ``denied`` | None): what makes a retried ``deny``
+    exit 3 every time, whatever receipt it got (``_exits.exit_code``)."""
+    from smthrs_plugin.control.authority import NodeTarget
+
+    if isinstance(target, NodeTarget):
+        for r in control.show(target.run_id).requests:
+            if r.request_id == target.request_id:
+                return r.state if r.state in ("approved", "denied") else None
+        return None
+    state = control.plan_state(target.plan_id)
+    tag = None if state is None else state.tag.lower()
+    return tag if tag in ("approved", "denied") else None
+
+
 def _run_exists(control: Control, run_id: str) -> bool:
     try:
         control.show(run_id)
@@ -201,7 +234,16 @@ def _decide(
                 receipt = control.approve(target, scope=scope, idempotency_key=key, principal=principal)
             else:
                 receipt = control.deny(target, idempotency_key=key, principal=principal)
-            code = answer(control, receipt, as_json=as_json, operation=action)
+            from smthrs_plugin.control.authority import PlanTarget
+
+            code = answer(
+                control,
+                receipt,
+                as_json=as_json,
+                card=target if isinstance(target, PlanTarget) else None,  # its plan_id and digest
+                operation=action,
+                decision=_decision(control, target),
+            )
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
     raise typer.Exit(code)
@@ -221,6 +263,13 @@ def approve_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Approve a plan card (its launch) or a run's node request (the run resumes)."""
+    if scope is not None:
+        from smthrs_plugin.control.approvals import check_scope
+
+        try:
+            check_scope(scope)  # refused input (exit 2), before the database is opened or the authority asked
+        except SmthrsError as exc:
+            raise fail(as_json, exc) from None
     _decide("approve", ident, request, digest, scope, as_, key, workspace, db, as_json)
 
 
@@ -255,8 +304,11 @@ def resume_command(
     workspace: WorkspaceOpt = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,
+    no_wait: NoWaitOpt = False,
 ) -> None:
-    """Drive a run again now (after a node approval, or a crash): settled nodes replay clean."""
+    """Drive a run again now (after a node approval, or a crash): settled nodes replay clean. A run another live
+    process owns is followed to its end (or, its owner gone, taken over at its lease expiry); exit 0 only once the
+    run completed."""
     from smthrs_plugin.runtime import open_runtime
 
     if flow is not None:
@@ -267,10 +319,17 @@ def resume_command(
             launcher = PlanLauncher(
                 rt, {"steps": steps, "agents": agents}, prefect=prefect, progress=not as_json
             )
-            receipt = control.resume(
-                run_id, idempotency_key=key, principal=parse_principal(as_), launcher=launcher
+            principal = parse_principal(as_)
+            receipt = control.resume(run_id, idempotency_key=key, principal=principal, launcher=launcher)
+            held = _finish(
+                control,
+                receipt,
+                lambda: control.resume(run_id, idempotency_key=key, principal=principal, launcher=launcher),
+                wait=not no_wait,
             )
-            code = answer(control, receipt, as_json=as_json, report=launcher.report, operation="resume")
+            code = answer(
+                control, receipt, as_json=as_json, report=launcher.report, operation="resume", held=held
+            )
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
     raise typer.Exit(code)
@@ -338,10 +397,13 @@ def run_with_key(
     workspace: Path | None,
     db: str | None,
     as_json: bool,
+    no_wait: bool = False,
 ) -> int:
     """``smthrs run PLAN.yaml|PLAN_ID --key K``: plan (a file), check the approval, admit under the key, and drive
-    the run in this process; the same command again is the retry (``AlreadyApplied``, reclaiming an orphaned
-    run). Returns the exit code; refusals raise ``typer.Exit`` after printing."""
+    the run in this process; the same command again is the retry (``AlreadyApplied``): it finishes a run nobody
+    drives (reclaiming an orphaned admission, taking over a dead owner's run at its lease expiry) or follows a
+    live owner's run to its end (``--no-wait``: exit 75 naming the owner). Returns the exit code; refusals raise
+    ``typer.Exit`` after printing."""
     from smthrs_plugin.runtime import open_runtime
 
     try:
@@ -360,8 +422,30 @@ def run_with_key(
                 card = control.card(str(target))
             launcher = PlanLauncher(rt, concurrency, prefect=prefect, progress=not as_json)
             receipt = control.run(card, idempotency_key=key, principal=principal, launcher=launcher)
+            held = _finish(
+                control,
+                receipt,
+                lambda: control.run(card, idempotency_key=key, principal=principal, launcher=launcher),
+                wait=not no_wait,
+            )
             return answer(
-                control, receipt, as_json=as_json, card=card, report=launcher.report, operation="run"
+                control,
+                receipt,
+                as_json=as_json,
+                card=card,
+                report=launcher.report,
+                operation="run",
+                held=held,
             )
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
+
+
+def _finish(control: Control, receipt: Any, relaunch: Any, *, wait: bool) -> Held | None:
+    """After a run/resume receipt: finish the run it names or follow it to its end (``_control_support.follow``);
+    a ``Parked``/``Conflict``/``Terminal`` answer has nothing to finish."""
+    from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
+
+    if not isinstance(receipt, (Accepted, AlreadyApplied)) or receipt.run_id is None:
+        return None
+    return follow(control, receipt.run_id, relaunch, wait=wait)

@@ -3,13 +3,15 @@ host, or (``--prefect``) inside a Prefect flow run, one task run per node dispat
 
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
 result: a line per node, or ONE JSON object with ``--json`` (DESIGN.md §8: ``run_id``, ``plan_id``, ``digest``,
-``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes: 0 every node built or clean,
-1 a node failed (or was skipped), 2 a refused input (any typed ``SmthrsError``: a malformed plan file names its
-line and field), 75 the run parked on a timer node (``wait:``) beyond the in-process budget — run again with
-``--run-id`` (or let ``smthrs worker --plan`` resume it) once its stored deadline has passed.
+``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/_exits.py``): 0 the
+run completed (every node built or clean), 1 a node failed (or was skipped) or the run was cancelled, 2 a refused
+input (any typed ``SmthrsError``: a malformed plan file names its line and field), 75 the run parked on a timer node
+(``wait:``) beyond the in-process budget — run again with ``--run-id`` (or let ``smthrs worker --plan`` resume it)
+once its stored deadline has passed — or ``--run-id`` names a run another live process owns.
 
 With ``--key K`` the run goes through the control plane (``cli/control.py``: ``smthrs plan`` card, plan approval,
-receipts; exit codes of ``cli/_control_support.py``, 75 also for ``Parked``): the same key again is the retry.
+receipts): the same key again is the retry — it finishes the run or follows it to its end, and exits 0 only once
+the run completed (``--no-wait``: 75 naming the owner while another live process holds it).
 
 The run id defaults to ``<plan id>-<random>``: every invocation is a new run (built work is still served from
 the cache). Pass ``--run-id`` to resume a run that was interrupted (its settled nodes replay ``clean``).
@@ -27,12 +29,11 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
+from smthrs_plugin.cli._exits import exit_code, refusal_exit
 from smthrs_plugin.engine.context import RunCancelled, RunParked
-from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.errors import FenceLost, SmthrsError
 
 __all__ = ["register", "run_plan_file"]
-
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_PARKED = 0, 1, 2, 75
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +46,18 @@ def _refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
         typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
     else:
         typer.echo(f"smthrs: refused: {exc}", err=True)
-    raise typer.Exit(EXIT_REFUSED)
+    raise typer.Exit(refusal_exit(exc))
+
+
+def _held(as_json: bool, run_id: str | None, exc: FenceLost) -> NoReturn:
+    """``--run-id`` names a run another live process owns: not done, try again later (75)."""
+    if as_json:
+        typer.echo(
+            json.dumps({"run_id": run_id, "status": "running", "error": exc.to_dict()}, sort_keys=True)
+        )
+    else:
+        typer.echo(f"smthrs: {exc}", err=True)
+    raise typer.Exit(exit_code("run", None, "running"))
 
 
 def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
@@ -54,15 +66,18 @@ def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
     payload: dict[str, Any] = {"run_id": getattr(stopped, "run_id", None)}
     if isinstance(stopped, RunParked):
         wait = stopped.waiting
-        payload.update(status="parked", node=stopped.name.removeprefix("node:"))
+        reason = wait.reason if wait is not None else "timer"
+        payload.update(status="parked", waiting_reason=reason, node=stopped.name.removeprefix("node:"))
         if wait is not None:
             payload["wait"] = {"reason": wait.reason, "wake_at_ms": getattr(wait, "wake_at_ms", None)}
         text = f"run {payload['run_id']}: parked on {stopped.kind} {stopped.name} (resume with --run-id)"
+        code = exit_code("run", None, "suspended", reason)
     else:
-        payload["status"] = "cancelled"
+        payload.update(status="cancelled", waiting_reason=None)
         text = f"run {payload['run_id']}: cancelled"
+        code = exit_code("run", None, "cancelled")
     typer.echo(json.dumps(payload, sort_keys=True) if as_json else text)
-    raise typer.Exit(EXIT_FAILED if payload["status"] == "cancelled" else EXIT_PARKED)
+    raise typer.Exit(code)
 
 
 def run_plan_file(
@@ -99,6 +114,14 @@ def run_plan_file(
         str | None,
         typer.Option("--as", help="The requesting principal ID/KIND (with --key; default local/operator)."),
     ] = None,
+    no_wait: Annotated[
+        bool,
+        typer.Option(
+            "--no-wait",
+            help="With --key: when another live process owns the run, exit 75 naming it (host, pid) instead of "
+            "following the run to its end (or waiting for its lease to expire to take it over).",
+        ),
+    ] = False,
 ) -> None:
     """Run a plan file and print its report (on the local host, or as a Prefect flow run with --prefect)."""
     from smthrs_plugin.errors import SchedulerError
@@ -121,11 +144,12 @@ def run_plan_file(
         caps = {"steps": steps, "agents": agents}
         raise typer.Exit(
             run_with_key(plan_file, key, inputs=inputs, as_=as_, concurrency=caps, prefect=prefect,
-                         workspace=workspace, db=db, as_json=as_json)
+                         workspace=workspace, db=db, as_json=as_json, no_wait=no_wait)
         )  # fmt: skip
-    if inputs or as_:
+    if inputs or as_ or no_wait:
         _refuse(
-            as_json, SchedulerError("invalid_plan", "--input and --as go with --key (a control-plane run)")
+            as_json,
+            SchedulerError("invalid_plan", "--input, --as and --no-wait go with --key (a control-plane run)"),
         )
     try:
         # --prefect and plugin actions (issue 6): the runtime opens first so `call: <action>` names are checked
@@ -146,6 +170,8 @@ def run_plan_file(
                 report = run_plan_in_flow(rt, rid, pf.plan, pf.executor, concurrency=caps)
             else:
                 report = rt.scheduler(rid, concurrency=caps).run(pf.plan, pf.executor)
+    except FenceLost as exc:
+        _held(as_json, run_id, exc)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     except (RunParked, RunCancelled) as stopped:
@@ -157,6 +183,7 @@ def run_plan_file(
             "plan_id": report.plan_id,
             "digest": report.digest,
             "status": status,
+            "waiting_reason": None,
             "settlements": [s.to_json() for s in report.settlements],
         }
         if report.merges:
@@ -170,4 +197,4 @@ def run_plan_file(
                 f"{s.outcome:<8} {s.node:<{width}}  {s.cache_decision or '-':<20} x{s.attempts}{extra}"
             )
         typer.echo(f"run {rid}: {status} ({report.plan_id} {report.digest})")
-    raise typer.Exit(EXIT_FAILED if report.failed else EXIT_OK)
+    raise typer.Exit(exit_code("run", None, status))

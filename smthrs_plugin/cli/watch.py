@@ -4,7 +4,8 @@ Invariant: one library entry point (:func:`smthrs_plugin.observe.watch.watch`). 
 prints the finite snapshot and exits 0: a line per event, or ONE JSON object ``{"run_id", "events", "cursor"}``
 (``cursor`` resumes after the last event; the one given back when there was none). With ``--follow`` the stream
 never ends by itself (Ctrl-C, or ``--max-events``): a line per event, or one JSON object PER LINE per event
-(JSON lines: a stream cannot be one object). Refused input exits 2 before anything is read.
+(JSON lines: a stream cannot be one object). Refused input exits 2 before anything is read — so does a run id
+this database has neither a run nor a journal for (``run_not_found``).
 
 Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
 """
@@ -19,7 +20,7 @@ import typer
 from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import db_url as _db_url
 from smthrs_plugin.cli._common import refuse as _refuse
-from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.errors import ControlError, SmthrsError
 
 __all__ = ["register", "watch_run"]
 
@@ -50,7 +51,9 @@ def watch_run(
     events: list[dict[str, Any]] = []
     seen = 0
     try:
-        stream = watch(open_database(_db_url(db)), run_id, follow=follow, after_cursor=after_cursor)
+        database = open_database(_db_url(db))
+        stream = watch(database, run_id, follow=follow, after_cursor=after_cursor)  # input refused first
+        _known(database, run_id)
         with stream:
             for ev in stream:
                 seen += 1
@@ -75,6 +78,25 @@ def watch_run(
         typer.echo(_line(e))
     if not events:
         typer.echo(f"no events for {run_id}")
+
+
+def _known(database: Any, run_id: str) -> None:
+    """Refuse (``run_not_found``, exit 2) a run this database has neither a row nor a journal for: "no events" would
+    read as success to a script that mistyped the run id (issue 14). A deleted run whose journal is kept, or a
+    journal partition of its own (``plan:<id>``), is still watchable."""
+    from smthrs_plugin.observe.snapshot import Missing, read
+    from smthrs_plugin.observe.watch import watch
+
+    if not isinstance(read(database, [run_id]).items[0], Missing):
+        return
+    with watch(database, run_id, follow=False) as probe:
+        for _ in probe:
+            return
+    raise ControlError(
+        "run_not_found",
+        f"run {run_id!r} does not exist and has no journal here; check the run id (smthrs runs lists them) and --db",
+        run_id=run_id,
+    )
 
 
 def _line(e: dict[str, Any]) -> str:

@@ -12,10 +12,10 @@ Invariants:
 - Without ``--run`` the worker serves until SIGINT/SIGTERM, then shuts down: the runs it drives are RELEASED
   (``suspended``/``released``, claimable at once by any other worker), never cancelled; exit 0.
 - With ``--run RUN_ID[=FLOW]`` it creates the run if needed (as a run of FLOW, or of the only ``--flow``), drives
-  it once in the foreground and exits with its outcome: 0 completed, 1 failed or cancelled, 75 parked (a timer or
-  an event; or released by SIGINT/SIGTERM: the run's next wait gives it back, a second signal interrupts at once)
-  — the process may exit, any worker continues the run later — and 2 for a refused input (an unknown flow, a run
-  held by another live owner).
+  it once in the foreground and exits with its outcome (the one table, ``cli/_exits.py``): 0 completed, 1 failed
+  or cancelled, 75 not finished — parked (a timer or an event), released by SIGINT/SIGTERM (the run's next wait
+  gives it back, a second signal interrupts at once), or held by another live owner — the process may exit, any
+  worker continues the run later — and 2 for a refused input (an unknown flow).
 - ``--flow NAME=MODULE:FUNCTION`` registers ``FUNCTION(ctx)``; ``--flow MODULE:FLOW`` registers a Prefect ``@flow``
   under ``prefect/<flow name>`` (``hosts/flows.py``: each drive is a new flow run bound to the run, called with
   the parameters the run started with); ``--plan PLAN.yaml`` registers the plan file's flow
@@ -34,15 +34,15 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
+from smthrs_plugin.cli._common import refuse as _refuse
+from smthrs_plugin.cli._exits import EXIT_PARKED, EXIT_REFUSED, exit_code
 from smthrs_plugin.errors import SmthrsError, WaitError
 
 __all__ = ["register", "worker", "parse_flow_spec", "outcome_exit_code", "drive_one"]
-
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_PARKED = 0, 1, 2, 75
 
 
 def register(app: typer.Typer) -> None:
@@ -91,14 +91,30 @@ def parse_flow_spec(spec: str) -> tuple[str, Any]:
 
 
 def outcome_exit_code(outcome: Any) -> int:
-    """The CLI exit code of a drive outcome (module docstring)."""
-    from smthrs_plugin.engine.active_run import DriveParked, DriveReleased, DriveSettled
+    """The CLI exit code of a drive outcome, from the one table (``cli/_exits.py``): the run's status after it."""
+    from smthrs_plugin.engine.active_run import (
+        DriveLost,
+        DriveNotClaimed,
+        DriveParked,
+        DriveReleased,
+        DriveSettled,
+    )
+    from smthrs_plugin.engine.ownership import HeartbeatFresh, StealRefusedOwnerAlive, Terminal
 
     if isinstance(outcome, DriveSettled):
-        return EXIT_OK if outcome.status == "completed" else EXIT_FAILED
-    if isinstance(outcome, (DriveParked, DriveReleased)):
-        return EXIT_PARKED
-    return EXIT_REFUSED
+        return exit_code("worker", None, outcome.status)
+    if isinstance(outcome, DriveParked):
+        return exit_code("worker", None, "suspended", outcome.wait.reason)
+    if isinstance(outcome, DriveReleased):
+        return exit_code("worker", None, "suspended", "released")
+    if isinstance(outcome, DriveNotClaimed) and isinstance(outcome.decision, Terminal):
+        return exit_code("worker", None, outcome.decision.status)
+    if isinstance(outcome, DriveLost) or (
+        isinstance(outcome, DriveNotClaimed)
+        and isinstance(outcome.decision, (HeartbeatFresh, StealRefusedOwnerAlive))
+    ):
+        return exit_code("worker", None, "running")  # another live owner holds it: not done, try again later
+    return EXIT_REFUSED  # unregistered flow, a claim lost to another claimant: refused as asked
 
 
 def _outcome_json(outcome: Any) -> dict[str, Any]:
@@ -115,14 +131,6 @@ def _outcome_json(outcome: Any) -> dict[str, Any]:
     if hasattr(outcome, "decision"):
         out["decision"] = type(outcome.decision).__name__
     return out
-
-
-def _refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
-    if as_json:
-        typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
-    else:
-        typer.echo(f"smthrs: refused: {exc}", err=True)
-    raise typer.Exit(EXIT_REFUSED)
 
 
 def worker(

@@ -64,6 +64,7 @@ __all__ = [
     "NodeGate",
     "gate_spec",
     "WAITING_APPROVAL_REASON",
+    "check_scope",
 ]
 
 #: The waiting reason of a run parked on a node approval (``runs.waiting_reason``).
@@ -119,7 +120,8 @@ def state_of(token: st.TokenRow, decision: st.DecisionRow | None) -> TokenState:
     )
 
 
-def _check_scope(scope: object) -> str:
+def check_scope(scope: object) -> str:
+    """``scope`` when it is one of :data:`GRANT_SCOPES`; ``InvalidInput`` (bound ``grant_scope``) otherwise."""
     if type(scope) is not str or scope not in GRANT_SCOPES:
         raise refuse("grant_scope", f"a grant scope is one of {list(GRANT_SCOPES)}")
     return scope
@@ -258,7 +260,7 @@ class Approvals:
     ) -> tuple[st.TokenRow, st.DecisionRow]:
         """Resolve ``target``'s token once, inside the caller's write (see the module invariants)."""
         if action == "approve":
-            scope = _check_scope(scope)
+            scope = check_scope(scope)
         token = self._token_for(conn, target)
         decision = st.decision_in(conn, token.token_id)
         if decision is not None:

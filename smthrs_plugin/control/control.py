@@ -47,7 +47,7 @@ from ..stores.schema import TERMINAL_STATUSES
 from . import launch as ln
 from . import planning
 from . import store as st
-from .approvals import WAITING_APPROVAL_REASON, Approvals, state_of
+from .approvals import WAITING_APPROVAL_REASON, Approvals, check_scope, state_of
 from .authority import AuthorityRequest, NodeTarget, PlanTarget, Target, target_from_json
 from .cards import (
     DEFAULT_SCOPE,
@@ -392,6 +392,10 @@ class Control:
         # A derived key names the intent; an explicit one (even an empty, refused one) is the caller's.
         key = _derived_key(action, tgt) if idempotency_key is None else idempotency_key
         m = Mutation(action, key, body, principal)
+        if scope is not None:
+            # A malformed scope is refused input (invalid_input/grant_scope, exit 2) BEFORE the authority judges
+            # it: an authority asked about a scope that does not exist would answer "unauthorized" (issue 14).
+            check_scope(scope)
         self.approvals.authorize(AuthorityRequest(principal, action, tgt.kind, tgt.name, scope))
         if isinstance(tgt, NodeTarget):
             settled = self._terminal(tgt.run_id)

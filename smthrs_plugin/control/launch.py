@@ -5,8 +5,8 @@ Invariants
 - **Admission precedes execution** (seeds/001 "Run admission precedes execution"). The admitting transaction
   leaves the run ``pending`` with a pending *claim* by the admitting process (the claim columns of ``runs``), so a
   live admitter keeps its run: another process's claim is refused until that claim's lease lapses
-  (``Ownership``: ``stale_after_s``) — or at once when the configured liveness check proves the admitter dead
-  (the same-host pid probe). :func:`reclaim_in` is that takeover: a compare-and-set on the claim token read when
+  (``Ownership``: ``stale_after_s``, exactly, no skew) AND the configured liveness check, consulted only then, does
+  not vouch for the admitter (the same-host pid probe refuses for a live admitter pid). :func:`reclaim_in` is that takeover: a compare-and-set on the claim token read when
   judging, journaled ``control.run.reclaimed``.
 - **A refused launch** (the launcher raised before any owner activated the run) is recorded by
   :func:`fail_refused_in`: ``failed`` with the error, ``control.run.failed``, only while the row is still
@@ -112,6 +112,7 @@ class RunRow:
     claim_token: str | None
     claimed_at_ms: int | None
     owner: OwnerId | None
+    heartbeat_at_ms: int | None = None
 
 
 def _row(r: Row[Any]) -> RunRow:
@@ -121,6 +122,7 @@ def _row(r: Row[Any]) -> RunRow:
         r.run_id, r.flow, r.status, r.waiting_reason,
         None if r.wake_at_ms is None else int(r.wake_at_ms), claim, r.claim_token,
         None if r.claimed_at_ms is None else int(r.claimed_at_ms), owner,
+        None if r.heartbeat_at_ms is None else int(r.heartbeat_at_ms),
     )  # fmt: skip
 
 
@@ -161,10 +163,10 @@ def judge_claim(
         stale_after_ms=stale_after_ms,
         skew_allowance_ms=skew_allowance_ms,
     )
+    if not ctx.lease_expired:
+        return None  # seed 004: liveness is consulted only once the claim's lease (30 s, no skew) expired
     verdict = liveness.check(row.claim, ctx)
-    if isinstance(verdict, Dead):
-        return verdict.evidence
-    return "lease-expired" if ctx.lease_age_ms >= stale_after_ms + skew_allowance_ms else None
+    return verdict.evidence if isinstance(verdict, Dead) else None
 
 
 def reclaim_in(

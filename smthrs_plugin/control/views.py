@@ -34,14 +34,15 @@ class RequestView:
     via_grant: str | None = None
 
     def to_json(self) -> dict[str, JSON]:
+        # Our own view, so our own JSON vocabulary: snake_case (issue 14; the CLI's --json prints it as is).
         out: dict[str, JSON] = {
-            "requestId": self.request_id,
-            "tokenId": self.token_id,
+            "request_id": self.request_id,
+            "token_id": self.token_id,
             "digest": self.digest,
             "envelope": self.envelope,
             "state": self.state,
         }
-        for k, v in (("principal", self.principal), ("scope", self.scope), ("viaGrant", self.via_grant)):
+        for k, v in (("principal", self.principal), ("scope", self.scope), ("via_grant", self.via_grant)):
             if v is not None:
                 out[k] = v
         return out

@@ -4,13 +4,19 @@ Invariant: a check never *acts*; it answers :class:`Alive` or :class:`Dead` with
 journal records (``lease-fresh | probe`` for refusals; ``lease-expired | same-host-pid-dead |
 cross-host-unreachable-stale`` for steals). The arbiter (``ownership.Ownership``) decides and fences.
 
-- :class:`LeaseLiveness` (the default; the only evidence every host has): the owner counts as alive while its
-  persisted heartbeat is younger than ``stale_after + skew_allowance``. The skew allowance absorbs a difference
-  between the owner's clock (which wrote the heartbeat) and the claimant's clock (which reads it).
-- :class:`SameHostPidProbe`: only when the owner's host id equals the claimant's (a pid names a process only
-  inside its own host), ``kill(pid, 0)`` decides at once, stale lease or not. A dead pid is a steal on the spot
-  (``same-host-pid-dead``); a live pid refuses for as long as it lives (``probe``). Other hosts fall back to the
-  lease (``cross-host-unreachable-stale``).
+- The lease expires at EXACTLY ``stale_after`` (30,000 ms) of heartbeat age (SEMANTICS.md §5, seed 004: "``isAlive``
+  decides whether a run whose lease has expired may be stolen"). No skew is added: the skew allowance only derives
+  the owner's self-interrupt write tolerance (30 − 10 − 1 = 19 s, ``heartbeat.py``). A check is consulted only for
+  an expired lease — the arbiter (``Ownership._arbitrate``, ``control.launch.judge_claim``) answers a fresh lease
+  itself without asking — and each shipped check also answers ``lease-fresh`` for a fresh lease on its own, so
+  no caller can make it steal early.
+- :class:`LeaseLiveness` (the default; the only evidence every host has): alive while the persisted heartbeat is
+  younger than ``stale_after``, gone (``lease-expired``) once it is not.
+- :class:`SameHostPidProbe`: for an EXPIRED lease only, and only when the owner's host id equals the claimant's
+  (a pid names a process only inside its own host), ``kill(pid, 0)`` decides: a dead pid is a steal
+  (``same-host-pid-dead``), a live pid refuses for as long as it lives (``probe``). Other hosts fall back to the
+  lease (``cross-host-unreachable-stale``). It is a *stricter* check than the lease, never a faster one: a dead
+  same-host owner is stolen at 30 s like any other, and a live but stalled one is not stolen at all.
 
 Pid reuse: ``kill(pid, 0)`` cannot tell the owner from a newer process that recycled its pid, and the owner's
 nonce lives only in its memory. Mitigation: the owner records ``<boot id>:<start time>`` of its pid (from
@@ -78,29 +84,36 @@ class LivenessContext:
     def lease_age_ms(self) -> int:
         return self.now_ms - self.heartbeat_at_ms
 
+    @property
+    def lease_expired(self) -> bool:
+        """Whether the heartbeat is at least ``stale_after`` old (exactly; no skew added)."""
+        return self.lease_age_ms >= self.stale_after_ms
+
 
 class LivenessCheck(Protocol):
-    """Decides whether the recorded ``owner`` of a running row still lives."""
+    """Decides whether the recorded ``owner`` of a running row whose lease EXPIRED still lives (the arbiter never
+    asks about a fresh lease)."""
 
     def check(self, owner: OwnerId, ctx: LivenessContext) -> Verdict: ...
 
 
 class LeaseLiveness:
-    """Alive while ``now - heartbeat < stale_after + skew_allowance``."""
+    """Alive while ``now - heartbeat < stale_after``; the lease expires at exactly ``stale_after``."""
 
     def check(self, owner: OwnerId, ctx: LivenessContext) -> Verdict:
-        if ctx.lease_age_ms < ctx.stale_after_ms + ctx.skew_allowance_ms:
+        if not ctx.lease_expired:
             return Alive("lease-fresh")
         return Dead("lease-expired")
 
 
 class SameHostPidProbe:
-    """``kill(pid, 0)`` (+ start-time token) when host ids match; the lease otherwise."""
+    """For an expired lease: ``kill(pid, 0)`` (+ start-time token) when host ids match; the lease otherwise. A
+    fresh lease is ``lease-fresh`` whatever the pid says (the probe is never consulted before expiry)."""
 
     def check(self, owner: OwnerId, ctx: LivenessContext) -> Verdict:
+        if not ctx.lease_expired:
+            return Alive("lease-fresh")
         if owner.host_id != ctx.claimant.host_id:
-            if ctx.lease_age_ms < ctx.stale_after_ms + ctx.skew_allowance_ms:
-                return Alive("lease-fresh")
             return Dead("cross-host-unreachable-stale")
         if not pid_alive(owner.pid):
             return Dead("same-host-pid-dead")

@@ -11,14 +11,16 @@ Invariants:
   recovery fencing or an expired claim taken over in between). Of two racing claimants exactly one activates.
 - A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
   verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
-  ``stolen-and-activated {evidence}``); an :class:`Alive` verdict on a fresh heartbeat is
-  :class:`HeartbeatFresh`; an :class:`Alive` verdict on a stale heartbeat is :class:`StealRefusedOwnerAlive`,
+  ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired (heartbeat age ≥
+  ``stale_after``, exactly 30,000 ms, no skew added — seed 004): a fresh heartbeat is :class:`HeartbeatFresh`
+  without asking; an :class:`Alive` verdict on an expired lease is :class:`StealRefusedOwnerAlive`,
   journaled ``steal-refused-owner-alive {evidence}`` ONCE per (run, owner, lease, evidence) through the journal's
   idempotent address (source sequence 0). "The lease" is the heartbeat timestamp refused against.
 - The liveness check runs OUTSIDE the write transaction (a probe may be slow; the SQLite write lock must not
   wait on it); the steal then re-checks that the row is still exactly what was judged.
-- Time comes from the injected clock; the stale window and skew allowance from Settings (SEMANTICS.md §5:
-  stale after 30 s, skew allowance 10 s; tests shorten them with SMTHRS_STALE_AFTER_S etc.).
+- Time comes from the injected clock; the stale window from Settings (SEMANTICS.md §5: stale after 30 s; the 10 s
+  skew allowance only derives the heartbeater's 19 s self-interrupt tolerance; tests shorten them with
+  SMTHRS_STALE_AFTER_S etc.).
 
 Prior art: the reference's ``Ownership`` and its journal records (seed 004, ownership-and-fencing).
 """
@@ -236,13 +238,15 @@ class Ownership:
             skew_allowance_ms=self.skew_allowance_ms,
             owner_proc_start=row.owner_proc_start,
         )
+        if not ctx.lease_expired:
+            # Seed 004: liveness is consulted only for a run whose lease has expired (30,000 ms of heartbeat age,
+            # no skew): a fresh lease is the owner's, whatever a probe would say.
+            return HeartbeatFresh(row.run_id, recorded, lease)
         verdict = self.liveness.check(recorded, ctx)
         if isinstance(verdict, Dead):
             evidence = verdict.evidence
             return self.db.write(lambda c: self._steal(c, row, recorded, lease, evidence))
         assert isinstance(verdict, Alive)
-        if ctx.lease_age_ms < self.stale_after_ms:
-            return HeartbeatFresh(row.run_id, recorded, lease)
         self.journal.append(
             row.run_id,
             "steal-refused-owner-alive",

@@ -2,8 +2,8 @@
 
 Invariants:
 
-- A tick reads ``running`` rows whose heartbeat is older than the stale window, oldest heartbeat first (ties by
-  run id), and arbitrates at most ``batch`` (64) of them through ``Ownership.steal``; a mass owner death drains
+- A tick reads ``running`` rows whose heartbeat is at least the stale window old (exactly ``stale_after``, 30 s,
+  no skew added: the arbiter's own rule, seed 004), oldest heartbeat first (ties by run id), and arbitrates at most ``batch`` (64) of them through ``Ownership.steal``; a mass owner death drains
   over several ticks instead of every driver waking every stale run every second.
 - A refused steal defers that run for 2 ticks, doubling per consecutive refusal against the SAME lease (owner
   nonce + heartbeat), capped at the stale window in ticks (30). The scan reads PAST deferred rows, so the batch

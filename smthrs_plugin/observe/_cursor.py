@@ -11,7 +11,8 @@ Invariants:
 - Decoding order: shape, version, check, JSON, kind → ``invalid_cursor``; then the source → ``source_changed``
   (the cursor is well formed but was issued by another database, or by this one before a restore replaced it).
   The caller then checks its own binding (partition, filter tuple, anchor) → ``invalid_cursor``.
-- Cursor input is bounded (65,536 characters) before any decoding work.
+- Cursor input is bounded (65,536 characters) before any decoding work; every number it decodes to is an int in
+  ``0 <= n < 2**63`` (``invalid_cursor`` otherwise: a forged ``at = 2**70`` never reaches the database).
 
 Prior art: the seed's version-1 catalog cursor (observe-executions, "Filter before pagination"); Relay-style
 opaque cursors.
@@ -31,6 +32,7 @@ __all__ = [
     "encode_cursor",
     "decode_cursor",
     "MAX_CURSOR_CHARS",
+    "MAX_CURSOR_INT",
     "MAX_TEXT_UNITS",
     "check_text",
     "check_limit",
@@ -39,6 +41,8 @@ __all__ = [
 _PREFIX = "smc1"
 _CHECK_CHARS = 16
 MAX_CURSOR_CHARS = 65_536
+#: Every integer a cursor decodes to is in 0 <= n < MAX_CURSOR_INT (a signed 64-bit column's range).
+MAX_CURSOR_INT = 2**63
 #: Run ids and equality-filter texts: non-empty, at most this many UTF-16 code units, no NUL, no lone surrogate.
 MAX_TEXT_UNITS = 1024
 
@@ -70,10 +74,14 @@ def decode_cursor(cursor: object, *, kind: str, source: str, what: str = "cursor
         raise _invalid(what, "fails its integrity check (edited or truncated)")
     try:
         body = json.loads(payload)
-    except ValueError as exc:
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # RecursionError: a forged body nested past the parser's stack
         raise _invalid(what, "does not decode (JSON)", exc) from exc
     if not isinstance(body, dict) or body.get("v") != 1 or not isinstance(body.get("src"), str):
         raise _invalid(what, "has an unknown layout")
+    _check_numbers(body, what)
     if body.get("kind") != kind:
         raise _invalid(what, f"was issued by the {body.get('kind')!r} API, not by {kind!r}")
     if body["src"] != source:
@@ -85,6 +93,25 @@ def decode_cursor(cursor: object, *, kind: str, source: str, what: str = "cursor
             source=source,
         )
     return body
+
+
+def _check_numbers(body: Any, what: str) -> None:
+    """Every number a cursor carries is an int in ``0 <= n < 2**63`` (a sequence, a timestamp, a revision): the
+    check is only an integrity check, so a forged cursor can carry ``2**70`` or ``1e400``, which must be refused
+    here rather than overflow a database parameter later. Iterative (a forged body may be deep)."""
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif type(value) is not int:
+            raise _invalid(what, f"carries a non-integer number ({type(value).__name__})")
+        elif not 0 <= value < MAX_CURSOR_INT:
+            raise _invalid(what, f"carries an integer out of range (0 <= n < 2**63, got {str(value)[:40]})")
 
 
 def _invalid(what: str, why: str, cause: BaseException | None = None) -> ControlError:

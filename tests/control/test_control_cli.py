@@ -88,8 +88,8 @@ def cli(tmp_path: Path) -> Cli:
 @pytest.mark.slow
 def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
     code, card = cli("plan", "build.yaml")
-    assert code == 0 and card["approvalState"] == "pending"
-    plan_id = card["planId"]
+    assert code == 0 and card["approval_state"] == "pending"
+    plan_id = card["plan_id"]
 
     code, out = cli("run", "build.yaml", "--key", "build:v1.4.0")
     assert (code, out["receipt"]) == (
@@ -118,11 +118,11 @@ def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
     # The release pipeline: build and test as above, then a deploy gated by its own node approval.
     code, card = cli("plan", "pipeline.yaml")
     assert code == 0
-    assert cli("approve", card["planId"])[0] == 0
+    assert cli("approve", card["plan_id"])[0] == 0
     code, out = cli("run", "pipeline.yaml", "--key", "release:v1.4.0")
     assert code == 75 and out["status"] == "suspended" and out["waiting_reason"] == "waiting-approval"
     release = out["run_id"]
-    assert [r["requestId"] for r in out["requests"]] == ["ship"]
+    assert [r["request_id"] for r in out["requests"]] == ["ship"]
     assert cli.executions() == ["build", "test"]  # served from the cache: clean, not re-executed
 
     code, out = cli("approve", release, "--request", "ship", "--as", "mallory/human")
@@ -154,13 +154,13 @@ def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
 @pytest.mark.slow
 def test_a_plan_edited_after_its_approval_parks_again_and_runs_nothing(cli: Cli) -> None:
     code, card = cli("plan", "build.yaml")
-    assert cli("approve", card["planId"])[0] == 0
+    assert cli("approve", card["plan_id"])[0] == 0
     text = (cli.ws / "build.yaml").read_text()
     (cli.ws / "build.yaml").write_text(text.replace("grep -q release", "grep -q -i release"))
     code, out = cli("run", "build.yaml", "--key", "build:v1.4.0")
-    assert code == 75 and out["receipt"]["_tag"] == "Parked" and out["receipt"]["planId"] != card["planId"]
+    assert code == 75 and out["receipt"]["_tag"] == "Parked" and out["receipt"]["planId"] != card["plan_id"]
     code, out = cli(
-        "run", card["planId"], "--key", "build:v1.4.0"
+        "run", card["plan_id"], "--key", "build:v1.4.0"
     )  # the approved card still runs what it pinned
     assert code == 0 and out["status"] == "completed"
     assert cli.executions() == ["build", "test"]
@@ -188,12 +188,16 @@ def test_the_ci_gate_example_script_plays_the_whole_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deny_and_cancel_through_the_cli(cli: Cli) -> None:
     code, card = cli("plan", "build.yaml")
-    assert cli("deny", card["planId"])[0] == 0
-    code, out = cli("run", "build.yaml", "--key", "k")
-    assert code == 3 and out["error"]["code"] == "plan_denied"
+    # Issue 14: a deny exits 3 ("denied") every time — the first call and each identical retry alike.
+    for _ in range(3):
+        code, denied = cli("deny", card["plan_id"])
+        assert code == 3 and denied["receipt"]["_tag"] in ("Accepted", "AlreadyApplied")
+    for _ in range(2):
+        code, out = cli("run", "build.yaml", "--key", "k")
+        assert code == 3 and out["error"]["code"] == "plan_denied"
     # The release pipeline parks on its deploy gate; cancelling the parked run settles it at once.
     _, release = cli("plan", "pipeline.yaml")
-    cli("approve", release["planId"])
+    cli("approve", release["plan_id"])
     code, out = cli("run", "pipeline.yaml", "--key", "release")
     assert code == 75
     code, cancelled = cli("cancel", out["run_id"], "--reason", "wrong tag")

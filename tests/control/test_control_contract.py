@@ -478,15 +478,18 @@ def test_an_orphaned_admission_is_kept_by_a_live_admitter_and_reclaimed_once_its
 ) -> None:
     from smthrs_plugin.engine.fence import OwnerId
 
-    admitter = Control(db, settings=settings, owner=OwnerId("ctl-host", 999_999, "gone"))
+    clock = ManualClock()  # one clock for both: the claim's age is exactly what the test advances
+    admitter = Control(db, settings=settings, owner=OwnerId("ctl-host", 999_999, "gone"), clock=clock)
     card = admitter.plan(release_plan())
     receipt = admitter.run(card, idempotency_key="k")  # admitted, never launched (its process "died")
     assert isinstance(receipt, Accepted) and receipt.run_id is not None
-    clock = ManualClock(start_ms=admitter.clock.now_ms())
     retry = Control(db, settings=settings, clock=clock)
     assert retry.run(card, idempotency_key="k", launcher=launcher) == receipt.replayed()
     assert launcher.calls == []  # the claim is fresh: a live admitter keeps its run
-    clock.advance(settings.stale_after_s + settings.skew_allowance_s + 1)
+    clock.advance(settings.stale_after_s - 0.001)
+    assert retry.run(card, idempotency_key="k", launcher=launcher) == receipt.replayed()
+    assert launcher.calls == []  # 1 ms before the lease expires: still the admitter's
+    clock.advance(0.001)  # exactly 30,000 ms of claim age (no skew added, issue 14)
     assert retry.run(card, idempotency_key="k", launcher=launcher) == receipt.replayed()
     assert [r.run_id for r in launcher.calls] == [receipt.run_id]
     assert "control.run.reclaimed" in journal_types(db, receipt.run_id)

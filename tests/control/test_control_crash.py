@@ -1,7 +1,8 @@
 """The retry path across real process deaths (SIGKILL), on SQLite and PostgreSQL: an admitting process that died
-before launching, and an owner that died mid-run, are both taken over by the next call with the same key — at once
-here, because the runtime's liveness check is the same-host pid probe (with the default lease check the takeover
-waits for the lease to lapse: ``test_control_contract``)."""
+before launching, and an owner that died mid-run, are both taken over by the next call with the same key — once
+the dead owner's lease expired (seed 004: liveness, here the same-host pid probe, is consulted only for an expired
+lease; issue 14 removed the probe's earlier steal). The retry waits for that expiry (``follow``, the CLI's retry
+loop) with the stale window shortened to 1 s; nothing here asserts elapsed time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from _control_support import crash_plan, journal_types
 
-from smthrs_plugin.cli._control_support import PlanLauncher
+from smthrs_plugin.cli._control_support import PlanLauncher, follow
 from smthrs_plugin.control.receipts import AlreadyApplied
 from smthrs_plugin.engine.liveness import SameHostPidProbe
 from smthrs_plugin.runtime import open_runtime
@@ -43,7 +44,12 @@ def _die(mode: str, db_url: str, ws: Path, marker: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["admit-and-die", "die-mid-run"])
-def test_the_same_key_takes_over_a_run_whose_process_died(db_url: str, tmp_path: Path, mode: str) -> None:
+def test_the_same_key_takes_over_a_run_whose_process_died(
+    db_url: str, tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SMTHRS_STALE_AFTER_S", "1")
+    monkeypatch.setenv("SMTHRS_HEARTBEAT_INTERVAL_S", "0.1")
+    monkeypatch.setenv("SMTHRS_WAIT_POLL_S", "0.05")
     ws, marker = tmp_path / "ws", tmp_path / "build-ran-once"
     ws.mkdir()
     if mode == "admit-and-die":
@@ -57,6 +63,9 @@ def test_the_same_key_takes_over_a_run_whose_process_died(db_url: str, tmp_path:
         launcher = PlanLauncher(rt, {})
         receipt = control.run(card, idempotency_key="app:v1", launcher=launcher)
         assert isinstance(receipt, AlreadyApplied) and receipt.run_id is not None
+        # The retry may come before the dead owner's lease expired: it waits for the expiry, then takes over.
+        again = lambda: control.run(card, idempotency_key="app:v1", launcher=launcher)  # noqa: E731
+        assert follow(control, receipt.run_id, again) is None
         assert launcher.report is not None and set(launcher.report.outcomes.values()) <= {"built", "clean"}
         assert control.show(receipt.run_id).status == "completed"
         types = journal_types(rt.db, receipt.run_id)

@@ -25,7 +25,7 @@ from smthrs_plugin.engine.liveness import (
     pid_alive,
     process_start_token,
 )
-from smthrs_plugin.engine.ownership import Activated, Ownership, StealRefusedOwnerAlive
+from smthrs_plugin.engine.ownership import Activated, HeartbeatFresh, Ownership, StealRefusedOwnerAlive
 from smthrs_plugin.engine.runs import RunStore
 from smthrs_plugin.engine.stale_sweep import StaleSweep
 from smthrs_plugin.errors import StoreError
@@ -94,28 +94,75 @@ def _ctx(age_ms: int, claimant: OwnerId, proc_start: str | None = None) -> Liven
     return LivenessContext(claimant, 1_000_000 - age_ms, 1_000_000, 30_000, 10_000, proc_start)
 
 
-def test_lease_liveness_vouches_until_stale_plus_skew() -> None:
+def test_the_lease_expires_at_exactly_30_000_ms_of_heartbeat_age_with_no_skew_added() -> None:
+    # Seed 004 / SEMANTICS.md §5: stale at 30 s of heartbeat age; the skew allowance (10 s in _ctx) is NOT added.
     check, me, them = LeaseLiveness(), owner("me"), owner("them", host="elsewhere")
-    assert check.check(them, _ctx(39_999, me)) == Alive("lease-fresh")
-    assert check.check(them, _ctx(40_000, me)) == Dead("lease-expired")
+    assert check.check(them, _ctx(29_999, me)) == Alive("lease-fresh")
+    assert check.check(them, _ctx(30_000, me)) == Dead("lease-expired")
 
 
-def test_same_host_probe_decides_by_pid_and_falls_back_to_the_lease_across_hosts() -> None:
+def test_the_same_host_probe_is_consulted_only_for_an_expired_lease() -> None:
     probe = SameHostPidProbe()
     me = OwnerId("host-a", os.getpid(), "me")
     alive_owner = OwnerId("host-a", os.getpid(), "other-incarnation")
     assert probe.check(alive_owner, _ctx(10**6, me)) == Alive("probe")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    assert probe.check(OwnerId("host-a", dead.pid, "x"), _ctx(0, me)) == Dead("same-host-pid-dead")
-    # A live pid whose start time differs from the recorded one was recycled: the owner is dead.
-    assert probe.check(alive_owner, _ctx(0, me, proc_start="boot:1")) == Dead("same-host-pid-dead")
-    assert probe.check(alive_owner, _ctx(0, me, proc_start=process_start_token(os.getpid()))) == Alive(
+    gone = OwnerId("host-a", dead.pid, "x")
+    # A dead same-host pid under a FRESH lease is not stolen early: the lease answers, the pid is not consulted.
+    assert probe.check(gone, _ctx(0, me)) == Alive("lease-fresh")
+    assert probe.check(gone, _ctx(29_999, me)) == Alive("lease-fresh")
+    assert probe.check(gone, _ctx(30_000, me)) == Dead("same-host-pid-dead")
+    # A live pid whose start time differs from the recorded one was recycled: the owner is dead (lease expired).
+    assert probe.check(alive_owner, _ctx(30_000, me, proc_start="boot:1")) == Dead("same-host-pid-dead")
+    assert probe.check(alive_owner, _ctx(0, me, proc_start="boot:1")) == Alive("lease-fresh")
+    assert probe.check(alive_owner, _ctx(30_000, me, proc_start=process_start_token(os.getpid()))) == Alive(
         "probe"
     )
     remote = OwnerId("host-b", os.getpid(), "r")
     assert probe.check(remote, _ctx(1_000, me)) == Alive("lease-fresh")
-    assert probe.check(remote, _ctx(40_000, me)) == Dead("cross-host-unreachable-stale")
+    assert probe.check(remote, _ctx(30_000, me)) == Dead("cross-host-unreachable-stale")
+
+
+def test_a_dead_same_host_owner_is_stolen_at_30_s_never_earlier(
+    db: Database, runs: RunStore, journal: Journal, clock: ManualClock, settings: Settings
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    runs.create("r", "flow")
+    gone = Ownership(
+        db, owner=OwnerId("host-a", dead.pid, "gone"), journal=journal, clock=clock, settings=settings
+    )
+    assert isinstance(gone.claim("r"), Activated)
+    thief = Ownership(
+        db, owner=owner("thief"), journal=journal, clock=clock, settings=settings, liveness=SameHostPidProbe()
+    )
+    clock.advance(settings.stale_after_s - 0.001)
+    assert isinstance(thief.claim("r"), HeartbeatFresh)
+    clock.advance(0.001)
+    stolen = thief.claim("r")
+    assert isinstance(stolen, Activated) and stolen.evidence == "same-host-pid-dead"
+
+
+def test_a_live_same_host_owner_with_an_expired_lease_is_refused_with_probe_evidence_once(
+    db: Database, runs: RunStore, journal: Journal, clock: ManualClock, settings: Settings
+) -> None:
+    runs.create("r", "flow")
+    live = Ownership(
+        db, owner=OwnerId("host-a", os.getpid(), "live"), journal=journal, clock=clock, settings=settings
+    )
+    assert isinstance(live.claim("r"), Activated)
+    thief = Ownership(
+        db, owner=owner("thief"), journal=journal, clock=clock, settings=settings, liveness=SameHostPidProbe()
+    )
+    assert isinstance(thief.claim("r"), HeartbeatFresh)
+    assert [e.type for e in journal.read("r")].count("steal-refused-owner-alive") == 0
+    clock.advance(settings.stale_after_s)
+    for _ in range(3):
+        refused = thief.claim("r")
+        assert isinstance(refused, StealRefusedOwnerAlive) and refused.evidence == "probe"
+    records = [e for e in journal.read("r") if e.type == "steal-refused-owner-alive"]
+    assert len(records) == 1 and records[0].payload["evidence"] == "probe"
 
 
 def test_pid_alive_treats_zombies_as_dead() -> None:

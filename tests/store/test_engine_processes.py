@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from smthrs_plugin._clock import ManualClock, SystemClock
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.engine.liveness import SameHostPidProbe
 from smthrs_plugin.engine.ownership import Activated, Ownership
@@ -211,7 +212,7 @@ def test_a_sigstopped_owner_is_stolen_from_and_every_write_after_sigcont_is_refu
     assert rec is not None and rec.status == "running" and rec.owner == thief.owner
 
 
-def test_a_sigkilled_owner_is_reclaimed_at_once_by_a_same_host_pid_probe(
+def test_a_sigkilled_owner_is_reclaimed_by_a_same_host_pid_probe_at_its_lease_expiry_never_earlier(
     db: Database, procs: list[Proc]
 ) -> None:
     RunStore(db).create("killed", "flow")
@@ -219,9 +220,15 @@ def test_a_sigkilled_owner_is_reclaimed_at_once_by_a_same_host_pid_probe(
     procs.append(owner_proc)
     activated = owner_proc.until("activated")
     claimant = Ownership(db, liveness=SameHostPidProbe())
-    assert type(claimant.claim("killed")).__name__ == "HeartbeatFresh"  # alive: the probe vouches
+    assert type(claimant.claim("killed")).__name__ == "HeartbeatFresh"  # alive and pulsing
     owner_proc.p.send_signal(signal.SIGKILL)
     owner_proc.p.wait()
+    # Issue 14 / seed 004: the probe is consulted only once the lease expired — a dead pid under a fresh lease is
+    # not stolen early. A manual clock (from now) stands for the 30 s of waiting.
+    clock = ManualClock(start_ms=SystemClock().now_ms())
+    claimant = Ownership(db, owner=claimant.owner, liveness=SameHostPidProbe(), clock=clock)
+    assert type(claimant.claim("killed")).__name__ == "HeartbeatFresh"
+    clock.advance(claimant.settings.stale_after_s)
     decision = claimant.claim("killed")
     assert isinstance(decision, Activated) and decision.evidence == "same-host-pid-dead"
     assert decision.stolen_from is not None and decision.stolen_from.pid == activated["pid"]
