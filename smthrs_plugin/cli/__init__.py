@@ -19,7 +19,7 @@ from . import run as _run
 from . import runs as _runs
 from . import watch as _watch
 from . import worker as _worker
-from ._common import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
+from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_DENIED", "EXIT_PARKED"]
 

@@ -14,15 +14,9 @@ import typer
 
 from ..errors import SmthrsError
 from ..settings import load_settings
-from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED, EXIT_TEMPFAIL, refusal_exit
+from ._exits import refusal_exit
 
 __all__ = [
-    "EXIT_OK",
-    "EXIT_FAILED",
-    "EXIT_REFUSED",
-    "EXIT_DENIED",
-    "EXIT_PARKED",
-    "EXIT_TEMPFAIL",
     "DbOption",
     "JsonOption",
     "WorkspaceOption",

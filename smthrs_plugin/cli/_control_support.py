@@ -33,11 +33,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from smthrs_plugin.cli._exits import (
-    EXIT_DENIED,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_PARKED,
-    EXIT_REFUSED,
     exit_code,
     refusal_exit,
 )
@@ -51,11 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.scheduler.model import Report
 
 __all__ = [
-    "EXIT_OK",
-    "EXIT_FAILED",
-    "EXIT_REFUSED",
-    "EXIT_DENIED",
-    "EXIT_PARKED",
     "PlanLauncher",
     "parse_principal",
     "parse_inputs",

@@ -19,9 +19,10 @@ import typer
 
 from ..errors import SmthrsError
 from ..settings import load_settings
-from ._common import EXIT_FAILED, DbOption, JsonOption, WorkspaceOption
+from ._common import DbOption, JsonOption, WorkspaceOption
 from ._common import done as _done
 from ._common import refuse as _refuse
+from ._exits import EXIT_FAILED
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache.local import LocalTier

@@ -12,7 +12,8 @@ from typing import Any
 
 import typer
 
-from smthrs_plugin.cli._common import EXIT_OK, JsonOption, done, refuse
+from smthrs_plugin.cli._common import JsonOption, done, refuse
+from smthrs_plugin.cli._exits import EXIT_OK
 from smthrs_plugin.errors import SmthrsError
 
 __all__ = ["register", "list_plugins"]

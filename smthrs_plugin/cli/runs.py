@@ -17,10 +17,11 @@ from typing import Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import EXIT_REFUSED, DbOption, JsonOption
+from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import db_url as _db_url
 from smthrs_plugin.cli._common import done as _done
 from smthrs_plugin.cli._common import refuse as _refuse
+from smthrs_plugin.cli._exits import EXIT_REFUSED
 from smthrs_plugin.errors import ControlError, SmthrsError
 
 __all__ = ["register", "list_runs_command", "show_run"]
