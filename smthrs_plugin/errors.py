@@ -34,6 +34,7 @@ __all__ = [
     "InvalidInput",
     "WaitError",
     "PluginError",
+    "CodecError",
 ]
 
 
@@ -318,4 +319,18 @@ class PluginError(SmthrsError):
         "duplicate_action",
         "unknown_action",
         "invalid_default",
+    )
+
+
+class CodecError(SmthrsError, ValueError):
+    """A typed value could not be keyed, stored or read back by the value codecs (:mod:`smthrs_plugin.codecs`):
+    ``no_codec`` (no codec handles the type: register one through the ``smthrs_value_codecs`` hook),
+    ``duplicate_codec`` (two codecs claim one tag), ``undecodable`` (a stored document is malformed, names an
+    unknown tag, or no longer matches its type), ``reserved_key`` (a plain dict uses the reserved ``"$smthrs"``
+    key), ``unsafe_codec`` (decoding would need to import or run code the process has not already loaded),
+    ``invalid_value`` (the value has no exact stored form, e.g. a naive datetime)."""
+
+    family = "codec"
+    codes = _codes(
+        "no_codec", "duplicate_codec", "undecodable", "reserved_key", "unsafe_codec", "invalid_value"
     )

@@ -21,6 +21,7 @@ Invariants
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,6 +32,7 @@ from ._metrics import NULL_METRICS, MetricsPort
 from .cache.bounds import SizeCaps
 from .cache.dispatch import CacheDispatcher
 from .cache.signing import trust_from_settings
+from .codecs import CodecRegistry
 from .control.approvals import NodeGate
 from .control.control import Control
 from .engine.active_run import ActiveRun
@@ -51,7 +53,7 @@ from .settings import Settings, load_settings
 from .stores.artifacts import ArtifactStore
 from .stores.database import Database, open_database
 
-__all__ = ["open_runtime", "Runtime", "LocalRunDriver"]
+__all__ = ["open_runtime", "Runtime", "LocalRunDriver", "process_codecs"]
 
 
 class LocalRunDriver:
@@ -145,6 +147,8 @@ class Runtime:
         self.ownership = Ownership(
             db, owner=owner, journal=self.journal, liveness=liveness, settings=settings, clock=clock
         )
+        # Value codecs (issue 20): built-ins + every plugin's `smthrs_value_codecs`; results are stored through them.
+        self.codecs: CodecRegistry = self.plugins.codecs(settings)
         self.dispatcher = CacheDispatcher(
             db,
             artifacts,
@@ -157,6 +161,7 @@ class Runtime:
             trust=trust_from_settings(settings, self.workspace),
             size_caps=SizeCaps.from_settings(settings),
             revocation_refresh_s=settings.cache_revocation_refresh_s,
+            codecs=self.codecs,
         )
         self.measurer = self.dispatcher.measurer
         self.driver = LocalRunDriver(self.runs, self.ownership)
@@ -255,6 +260,22 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime(workspace={str(self.workspace)!r}, db={self.db!r}, artifacts={self.artifacts!r})"
+
+
+_PROCESS_CODECS: dict[int, tuple[Plugins, CodecRegistry]] = {}
+_PROCESS_CODECS_LOCK = threading.Lock()
+
+
+def process_codecs(plugins: Plugins | None = None) -> CodecRegistry:
+    """The value-codec registry of ``plugins`` (default: the process-wide plugins) under this process's
+    ``SMTHRS_*`` settings, built once per plugin manager: what ``@step`` keys its arguments with before any
+    runtime is opened (a runtime over the same plugins builds the same registry as :attr:`Runtime.codecs`)."""
+    plugins = plugins if plugins is not None else get_plugins()
+    with _PROCESS_CODECS_LOCK:
+        cached = _PROCESS_CODECS.get(id(plugins))
+        if cached is None or cached[0] is not plugins:
+            cached = _PROCESS_CODECS[id(plugins)] = (plugins, plugins.codecs(load_settings()))
+        return cached[1]
 
 
 def open_runtime(

@@ -16,7 +16,13 @@ Invariants
   {action: "unpublished", stage}`` and never fails the dispatch.
 - **Admission.** Only results passing the seven conjuncts (:mod:`.admission`) are stored in the ``shared`` scope
   and published; the others are recorded ``run-local`` (never served to another run, never published). A value
-  that is not plain JSON is not stored at all (``stage: "value"``), never stored in a weaker form.
+  is stored ENCODED by the value codecs (``codecs``: plain JSON as itself, typed values wrapped with their tag,
+  large payloads as blobs in the local artifact store, published to the shared tier before the entry); a value no
+  codec can store exactly is not stored at all (``stage: "value"``), never stored in a weaker form.
+- **Typed values on a hit.** A served entry's value is decoded (after its read set verified, before its outputs
+  are replayed) to an equal value of the same type. A value naming a tag this process has no codec for, a class
+  it has not imported, or failing to decode, is never served and never executed as code: the entry is refused
+  (``UnverifiableEvidence``; a local row is invalidated) and the step runs.
 - **Same key, different result.** Strict by default: the dispatch fails with ``CacheError(result_mismatch)`` when
   a different result is already recorded for the key (checked against the shared tier before the local commit
   and against the local row inside it); ``nondeterministic`` declarations keep the first writer. A shared
@@ -53,6 +59,7 @@ from ..boundary.evidence import InlineLimits
 from ..boundary.measure import Measurer
 from ..boundary.sandbox import SandboxResult, run_in_sandbox
 from ..canonical import canonical_bytes, is_key, key_digest
+from ..codecs import CodecRegistry, default_registry
 from ..engine.fence import assert_owner
 from ..engine.journal import Journal
 from ..errors import (
@@ -61,6 +68,7 @@ from ..errors import (
     BoundaryRefusal,
     CacheError,
     CanonicalError,
+    CodecError,
     MaterializationConflict,
     StoreError,
 )
@@ -86,7 +94,7 @@ from .model import (
     UnverifiableEvidence,
     VerifiedHit,
 )
-from .shared import PublicationFailed, Published, Refusal, Replaced, SharedTier
+from .shared import PublicationFailed, Published, Refusal, Replaced, SharedTier, same_store
 from .signing import Trust, shared_trust_warning, trust_from_settings
 
 __all__ = ["CacheDispatcher", "PROVENANCE_EVENT"]
@@ -162,7 +170,9 @@ class CacheDispatcher:
     ``trust``: the publisher keys (:mod:`.signing`; None → from ``SMTHRS_CACHE_SIGNING_KEY`` /
     ``SMTHRS_CACHE_TRUSTED_KEYS``, else this workspace's own key). ``size_caps``: the output size bounds (None →
     ``SMTHRS_CACHE_MAX_OUTPUT_BYTES`` / ``SMTHRS_CACHE_MAX_STEP_BYTES``). ``revocation_refresh_s``: how stale the
-    revocation view of a LOCAL hit may be (None → ``SMTHRS_CACHE_REVOCATION_REFRESH_S``, 60 s).
+    revocation view of a LOCAL hit may be (None → ``SMTHRS_CACHE_REVOCATION_REFRESH_S``, 60 s). ``codecs``:
+    the value codecs results are stored and read back with (None → the built-ins,
+    :func:`~smthrs_plugin.codecs.default_registry`; the runtime passes its plugins' registry).
     """
 
     def __init__(
@@ -183,6 +193,7 @@ class CacheDispatcher:
         trust: Trust | None = None,
         size_caps: SizeCaps | None = None,
         revocation_refresh_s: float | None = None,
+        codecs: CodecRegistry | None = None,
     ) -> None:
         if sandbox_mode not in ("hermetic", "whole-tree"):
             raise _invalid(f"sandbox_mode {sandbox_mode!r} is neither 'hermetic' nor 'whole-tree'")
@@ -215,6 +226,7 @@ class CacheDispatcher:
         self.host_id = host_id or socket.gethostname()
         self.limits = limits
         self.temp_dir = temp_dir
+        self.codecs: CodecRegistry = codecs if codecs is not None else default_registry()
 
     # -- the seam --------------------------------------------------------------------------------------------
 
@@ -371,6 +383,10 @@ class CacheDispatcher:
         if isinstance(verdict, Refused):
             return self._refused(request, entry, verdict)
         with timer("replay"):
+            value = self._decode_value(entry, tier)
+        if isinstance(value, Refused):
+            return self._refused(request, entry, value)
+        with timer("replay"):
             failed = replay_entry(entry, self.workspace, self.artifacts, self.shared, self.measurer)
         if failed is not None:
             return self._refused(request, entry, failed)
@@ -378,13 +394,32 @@ class CacheDispatcher:
             outcome="clean",
             key=request.key,
             decision=VerifiedHit("local" if tier == "local" else "shared"),
-            value=entry.value,
+            value=value,
             evidence=entry.evidence,
             timings=timer.ms,
         )
         with timer("record"):
             self._record_hit(request, entry, tier, last_used_ms, result)
         return result
+
+    def _decode_value(self, entry: CacheEntry, tier: str) -> Any:
+        """The entry's stored value decoded by the codecs, or :class:`Refused` (never served, never run as code)."""
+        try:
+            return self.codecs.decode(entry.value, _BlobSource(self))
+        except CodecError as exc:
+            reason = f"{exc.code}: {exc.message}"
+        except ArtifactError as exc:
+            if exc.code == "unavailable":
+                raise  # the local store failed: a storage failure, not the entry's
+            reason = f"a blob of its value: {exc.code}: {exc.message}"
+        log.warning(
+            "the %s cache entry %s is not served: its value cannot be decoded (%s)", tier, entry.name, reason
+        )
+        return Refused(
+            UnverifiableEvidence(f"{tier} entry: its value cannot be decoded ({reason})"),
+            invalidate=tier == "local",
+            reason="undecodable-value",
+        )
 
     def _refused(self, request: DispatchRequest, entry: CacheEntry, refused: Refused) -> CacheDecision:
         if refused.invalidate:
@@ -509,10 +544,14 @@ class CacheDispatcher:
                 built, outcome="failed", error=too_large, published={"local": "unpublished:output_too_large"}
             )
             return self._commit(request, failed, None, None)
-        cacheable = check_cacheable(settled.value)
+        try:
+            stored = self.codecs.encode(settled.value, _BlobSink(self.artifacts))
+            cacheable = check_cacheable(stored)
+        except CodecError as exc:
+            cacheable = NotCacheable(exc.message)
         if isinstance(cacheable, NotCacheable):
             log.warning(
-                "node %s (key %s) built a value that is not plain JSON data, so it is NOT cached: %s",
+                "node %s (key %s) built a value no value codec stores exactly, so it is NOT cached: %s",
                 request.node_id,
                 request.key,
                 cacheable.reason,
@@ -535,8 +574,9 @@ class CacheDispatcher:
             subject=request.subject or request.node_id,
             components=dict(request.components),
             evidence=ev,
-            value=settled.value,
+            value=stored,
             canonical_value=cacheable.canonical,
+            value_blobs=tuple(self.codecs.blob_digests(stored)),
             admission=admission_claims(
                 tier=request.tier,
                 all_reads_exact=settled.prepared.all_reads_exact,
@@ -730,6 +770,35 @@ class CacheDispatcher:
                 self._journal_in(conn, request, {"action": "invalidated", "reason": reason})
 
         self.db.write(tx)
+
+
+class _BlobSink:
+    """Codec payloads go to the local artifact store (content-addressed); publication copies them to the shared
+    tier before the entry (``entry_digests``)."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store = store
+
+    def put(self, data: bytes) -> str:
+        return self.store.put_bytes(data)
+
+
+class _BlobSource:
+    """Codec payloads are read from the local artifact store; one missing there (a shared-tier hit on a fresh
+    host) is hydrated once from the shared store. Every read is verified against its digest by the store."""
+
+    def __init__(self, dispatcher: CacheDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def get(self, digest: str) -> bytes:
+        d = self.dispatcher
+        try:
+            return d.artifacts.get_bytes(digest)
+        except ArtifactError as exc:
+            if exc.code != "not_found" or same_store(d.artifacts, d.shared_store):
+                raise
+        d.shared.hydrate([digest], d.artifacts)
+        return d.artifacts.get_bytes(digest)
 
 
 def _published(result: DispatchResult, status: str) -> DispatchResult:

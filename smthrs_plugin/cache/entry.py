@@ -8,9 +8,14 @@ Invariants
 - ``result`` is ``key({kind: "cache-result/v1", value: sha256(canonical value), diff})`` with the evidence's diff
   identity: "same key, different result" compares it, and decoding recomputes it, so a value or evidence edited
   in place is detected, never served.
-- A value is cacheable only when a hit can return exactly what the executor returned: plain JSON data (RFC 8785
-  canonicalisable) with no tuples (JSON would hand a list back). It is stored with ``json.dumps`` rather than as
-  RFC 8785 bytes so ``1.0`` stays a float on a hit; never a weaker representation.
+- A value is cacheable only when a hit can return exactly what the executor returned. ``value`` holds the value
+  as ENCODED by the value codecs (:mod:`smthrs_plugin.codecs`: plain JSON stays itself, a typed value is a
+  ``{"$smthrs": tag, "v": doc}`` wrapper), which must be plain JSON (RFC 8785 canonicalisable) with no tuples; a
+  value no codec can store exactly is not cached at all. It is stored with ``json.dumps`` rather than as RFC 8785
+  bytes so ``1.0`` stays a float on a hit; never a weaker representation. The dispatch seam decodes it on a hit.
+- ``value_blobs`` (present only when non-empty) lists the content-addressed blobs the encoded value references
+  (large ``bytes``, data frames): like the evidence's spilled outputs they must exist in a tier before its entry
+  is published there (:func:`entry_digests`), and gc keeps them.
 - The **canonical bytes** of an entry are the RFC 8785 form of :meth:`CacheEntry.to_json`; its **entry id** is their
   SHA-256. A shared entry's publisher signature covers exactly these bytes (:mod:`.signing`), and a revocation
   may name entry ids (:mod:`.revocation`); decoding then re-encoding an entry yields the same bytes, so a reader
@@ -27,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from ..boundary.evidence import Evidence
+from ..boundary.evidence import Evidence, referenced_digests
 from ..canonical import canonical_bytes, is_key, key, key_digest, sha256_hex
 from ..errors import CanonicalError, ReplayError
 
@@ -45,9 +50,11 @@ __all__ = [
     "run_local_row_key",
     "canonical_entry_bytes",
     "entry_id",
+    "entry_digests",
 ]
 
 ENTRY_FORMAT = "smthrs-cache-entry/1"
+_HEX = frozenset("0123456789abcdef")
 Scope = Literal["shared", "run-local"]
 
 
@@ -108,6 +115,7 @@ class CacheEntry:
     admission: Mapping[str, Any]
     provenance: Mapping[str, Any]
     scope: Scope = "shared"
+    value_blobs: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -131,6 +139,7 @@ class CacheEntry:
         admission: Mapping[str, Any],
         provenance: Mapping[str, Any],
         scope: Scope,
+        value_blobs: tuple[str, ...] = (),
     ) -> CacheEntry:
         return cls(
             key=key,
@@ -142,10 +151,11 @@ class CacheEntry:
             admission=dict(admission),
             provenance=dict(provenance),
             scope=scope,
+            value_blobs=tuple(sorted(set(value_blobs))),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "format": ENTRY_FORMAT,
             "key": self.key,
             "subject": self.subject,
@@ -157,6 +167,9 @@ class CacheEntry:
             "provenance": dict(self.provenance),
             "scope": self.scope,
         }
+        if self.value_blobs:
+            doc["value_blobs"] = list(self.value_blobs)
+        return doc
 
     def encode(self) -> bytes:
         """The stored bytes (sorted keys, compact; floats keep their Python repr)."""
@@ -179,7 +192,13 @@ class CacheEntry:
             self.admission,
             self.provenance,
             scope,
+            self.value_blobs,
         )
+
+
+def entry_digests(entry: CacheEntry) -> frozenset[str]:
+    """Every blob ``entry`` needs from an artifact store: its spilled outputs and its encoded value's blobs."""
+    return referenced_digests(entry.evidence) | frozenset(entry.value_blobs)
 
 
 def canonical_entry_bytes(entry: CacheEntry) -> bytes:
@@ -252,8 +271,17 @@ def decode_entry(data: bytes | str | Mapping[str, Any], *, name: str | None = No
     cacheable = check_cacheable(value)
     if isinstance(cacheable, NotCacheable):
         return Undecodable(f"its value is not plain JSON: {cacheable.reason}")
+    blobs = doc.get("value_blobs", [])
+    if (
+        type(blobs) is not list
+        or not all(type(b) is str and len(b) == 64 and set(b) <= _HEX for b in blobs)
+        or blobs != sorted(set(blobs))
+    ):
+        return Undecodable("its value_blobs is not a sorted list of sha256 hex digests")
     if result_digest(cacheable.canonical, evidence.diff_identity) != doc["result"]:
         return Undecodable(
             "its value or evidence no longer matches its recorded result identity", corrupt=True
         )
-    return CacheEntry(k, subject, components, evidence, value, doc["result"], admission, provenance, scope)
+    return CacheEntry(
+        k, subject, components, evidence, value, doc["result"], admission, provenance, scope, tuple(blobs)
+    )

@@ -32,12 +32,11 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from .._clock import SYSTEM_CLOCK, Clock
-from ..boundary.evidence import referenced_digests
 from ..canonical import is_key, key_digest
 from ..errors import CacheError
 from ..stores.artifacts import ArtifactStore, Corrupt, NotFound
 from ..stores.schema import TERMINAL_STATUSES, runs, step_cache
-from .entry import CacheEntry, Undecodable, entry_id
+from .entry import CacheEntry, Undecodable, entry_digests, entry_id
 from .local import LocalTier
 from .shared import Candidate, Refusal, RefusalReason, SharedTier, check_document, same_store
 
@@ -196,18 +195,14 @@ def verify(
         if isinstance(decoded, Undecodable):
             problems.append(Problem("local", row.key_digest, "undecodable", None, decoded.reason))
             continue
-        wanted.extend(
-            ("local", row.key_digest, d, artifacts) for d in sorted(referenced_digests(decoded.evidence))
-        )
+        wanted.extend(("local", row.key_digest, d, artifacts) for d in sorted(entry_digests(decoded)))
     if shared is not None:
         for name, judged in shared.audit():
             entries += 1
             if isinstance(judged, Refusal):
                 problems.append(Problem("shared", name, _REFUSAL_KIND[judged.reason], None, judged.detail))
                 continue
-            wanted.extend(
-                ("shared", name, d, shared.store) for d in sorted(referenced_digests(judged.entry.evidence))
-            )
+            wanted.extend(("shared", name, d, shared.store) for d in sorted(entry_digests(judged.entry)))
     checked: dict[tuple[str, str], Any] = {}
     for i, (tier, name, digest, store) in enumerate(wanted):
         ck = (store.url, digest)
@@ -249,11 +244,11 @@ def _referenced(local: LocalTier, shared: SharedTier | None) -> set[str]:
     refs: set[str] = set()
     for _, decoded in local.iter_entries():
         if isinstance(decoded, CacheEntry):
-            refs |= referenced_digests(decoded.evidence)
+            refs |= entry_digests(decoded)
     if shared is not None:
         for _, published in shared.iter_entries():
             if isinstance(published, CacheEntry):
-                refs |= referenced_digests(published.evidence)
+                refs |= entry_digests(published)
     return refs
 
 

@@ -1,7 +1,8 @@
 """The shared cache tier: signed, per-publisher entries ``ac/<key digest>.<publisher key id>.json``.
 
 Invariants (Bazel's remote cache: CAS before AC — plus publisher trust, issue 13)
-- An entry is published only AFTER every blob it references (``referenced_digests``) exists in the shared store:
+- An entry is published only AFTER every blob it references (``entry_digests``: spilled outputs and the blobs of its
+  encoded value) exists in the shared store:
   blobs are copied there first (streamed through a temporary file, verified on both sides), then the entry is
   created with the store's atomic create-if-absent. A reader therefore never sees a torn entry; a blob can still
   go missing later (a gc race, an operator, an attacker) and the seam then re-executes.
@@ -41,11 +42,10 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from .._clock import SYSTEM_CLOCK, Clock
-from ..boundary.evidence import referenced_digests
 from ..canonical import key_digest, sha256_hex
 from ..errors import ArtifactError
 from ..stores.artifacts import ArtifactStore, Created
-from .entry import CacheEntry, Decoded, Undecodable, canonical_entry_bytes, decode_entry
+from .entry import CacheEntry, Decoded, Undecodable, canonical_entry_bytes, decode_entry, entry_digests
 from .revocation import DEFAULT_REFRESH_MS, Revocations, revocation_store
 from .signing import KEY_ID_HEX, Trust
 
@@ -281,7 +281,7 @@ class SharedTier:
     def blobs_present(self, entry: CacheEntry) -> bool:
         """Whether every blob ``entry`` references exists in the shared store (not re-hashed). Raises
         ``ArtifactError``."""
-        wanted = sorted(referenced_digests(entry.evidence))
+        wanted = sorted(entry_digests(entry))
         return not wanted or all(self.store.has_many(wanted).values())
 
     # -- publishing ------------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ class SharedTier:
         if self.trust is None or self.trust.signer is None:
             raise ValueError("this machine has no signing key; it never publishes to the shared tier")
         try:
-            wanted = sorted(referenced_digests(entry.evidence))
+            wanted = sorted(entry_digests(entry))
             if not same_store(source, self.store):
                 copy_blobs(wanted, source, self.store)
             elif wanted:

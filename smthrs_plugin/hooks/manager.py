@@ -25,6 +25,7 @@ from typing import Any
 
 import pluggy
 
+from ..codecs import CodecRegistry, builtin_codecs
 from ..engine.liveness import LivenessCheck
 from ..errors import PluginError
 from ..scheduler.host import Host
@@ -216,6 +217,25 @@ class Plugins:
                 )
             out.update(answer)
         return out
+
+    def codecs(self, settings: Settings) -> CodecRegistry:
+        """The value-codec registry: the built-in codecs, then every plugin's ``smthrs_value_codecs`` answer
+        (called through pluggy's caller). An answer that is not a sequence of codecs is ``PluginError
+        (invalid_plugin)``; a duplicate tag is ``CodecError(duplicate_codec)``."""
+        registry = CodecRegistry(builtin_codecs())
+        # pluggy returns answers most-recent-registration first; register in registration order so a later
+        # plugin's codec is asked before an earlier one's (the registry asks the most recent first).
+        for answer in reversed(self.pm.hook.smthrs_value_codecs(settings=settings)):
+            items = answer if isinstance(answer, (list, tuple)) else None
+            if items is None:
+                raise PluginError(
+                    "invalid_plugin",
+                    f"smthrs_value_codecs returned {answer!r}; return a list of codecs (each with `tag`, handles,"
+                    " key_form, encode, decode, blob_digests)",
+                )
+            for codec in items:
+                registry.register(codec)
+        return registry
 
     # -- observers -------------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pluggy
 
+from ..codecs import ValueCodec
 from ..control import authority as _control_authority
 from ..engine.liveness import LivenessCheck
 from ..scheduler.host import Host
@@ -132,6 +133,13 @@ class SmthrsSpecs:
     @hookspec
     def smthrs_plan_actions(self) -> Mapping[str, PlanAction] | None:
         """Named plan actions, runnable from plan files as ``call: <name>`` (with ``with:`` keyword arguments)."""
+
+    @hookspec
+    def smthrs_value_codecs(self, settings: Settings) -> Sequence[ValueCodec] | None:
+        """Value codecs this plugin adds (``smthrs_plugin.codecs.ValueCodec``): how values of its types are keyed
+        as ``@step`` arguments and stored as cached results. Merged across plugins after the built-ins; a tag two
+        codecs claim is ``CodecError(duplicate_codec)``. A codec's ``decode`` must never execute code named by the
+        stored document (no pickle, no importing modules it names)."""
 
     @hookspec
     def smthrs_runtime_defaults(self, settings: Settings) -> Mapping[str, Any] | None:

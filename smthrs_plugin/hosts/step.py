@@ -9,16 +9,29 @@ Invariants
 - **The key is the content, never a weaker stand-in.** A call's dispatch key (``plan.keys.dispatch_key``) folds
   the function's identity (``module:qualname``) and the SHA-256 of its source, the canonical JSON of every
   argument (after binding and defaults), the SHA-256 of every declared read, the declared effects and the
-  environment (Python implementation and version, plus ``environment=``). An argument that is not plain JSON is
-  ``CacheError(key_uncomputable)`` naming the argument, raised before anything is written — declare the data as
-  a read instead of passing it. A function whose source cannot be read is refused when decorated.
+  environment (Python implementation and version, plus ``environment=``). A typed argument (pydantic model,
+  dataclass, datetime, ...) is folded by its value codec's canonical key form (:mod:`smthrs_plugin.codecs`); one
+  no codec handles is ``CacheError(key_uncomputable)`` naming the argument and the ``smthrs_value_codecs`` hook,
+  raised before anything is written — register a codec, or declare the data as a read instead of passing it. A
+  function whose source cannot be read is refused when decorated.
 - **The function sees only its sandbox.** It receives an :class:`Workspace` (a path rooted in the sandbox) as its
   first argument when it declares one (annotation ``Workspace``); declared reads are there, declared writes are
   copied back (compare-and-set) when it returns. A hit replays the outputs instead of calling it.
-- **Always a value.** A direct call returns the step's value (a hit returns the stored value), never a Prefect
-  State. ``.submit()`` / ``.map()`` futures resolve to the value too; their task runs end ``Completed`` named
-  ``Cached`` on a hit (a direct call's hit is labelled by the ``smthrs.step.clean`` event instead — PREFECT.md).
-  A failed dispatch raises the step's own error, so Prefect's ``retries=`` retry it (each retry is an attempt).
+- **Always a value; a hit looks like a hit.** A direct call returns the step's value (a hit returns the stored
+  value), never a Prefect State (unless the caller passes ``return_state=True``). ``.submit()`` / ``.map()``
+  futures resolve to the value too. However the step is called, a hit's task run ends ``Completed`` named
+  ``Cached`` (and emits ``smthrs.step.clean``): the body returns that state and a direct call unwraps the value
+  Prefect hands back (:func:`_value_of`; only OUR hit state, recognised by its message, is unwrapped). A failed
+  dispatch raises the step's own error, untouched on every path, so Prefect's ``retries=`` retry it (each retry
+  is an attempt).
+- **Async steps are async tasks whose event loop is never blocked.** ``@step`` on an ``async def`` builds an async
+  Prefect task (``await step(...)`` in an async flow, ``.submit()``, ``.map()``, ``retries=`` as for sync steps).
+  The dispatch (hashing, sandbox, copy-back, journal: synchronous, blocking I/O) runs in a thread of its own per
+  call, while the coroutine body itself runs on the task run's OWN event loop (``run_coroutine_threadsafe``), so
+  it shares the loop its flow or task runner gave it, like any async Prefect task — loop-bound clients keep
+  working — and concurrent awaits of async steps stay concurrent (one thread each, not a capped pool). The body
+  sees the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body and
+  waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
 - **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
   passing Prefect caching options is refused.
 - **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
@@ -31,11 +44,16 @@ key (keys on input file digests): this is the second, shaped like the first.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import dataclasses
 import hashlib
 import inspect
+import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,10 +63,12 @@ from prefect.cache_policies import NO_CACHE
 
 from ..cache.requests import declaration_of, node_request
 from ..canonical import canonical_bytes
+from ..codecs import HOOK_NAME, CodecRegistry
 from ..engine.context import waits_forbidden
-from ..errors import CacheError, CanonicalError, PlanError
+from ..errors import CacheError, CanonicalError, CodecError, PlanError
 from ..plan import Literal, NodeDraft, node
 from ..plan.keys import plan_key
+from ..runtime import process_codecs
 from ..scheduler.job import error_line
 from ..scheduler.model import Settlement
 from ._flowrun import context_for_call
@@ -77,6 +97,10 @@ _REFUSED_OPTIONS = {
 }
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The message prefix of the ``Cached`` state a hit's body returns: how a direct call recognises the state to unwrap.
+_HIT_MESSAGE = "smthrs: verified cache hit "
+
+log = logging.getLogger(__name__)
 
 
 def default_environment() -> dict[str, Any]:
@@ -127,6 +151,8 @@ class _StepSpec:
                 step=self.identity,
             ) from exc
         self.source_digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        # An async step's task body is a coroutine function too (Prefect then builds an async task run).
+        self.is_async = inspect.iscoroutinefunction(fn)
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
         self.takes_workspace = _takes_workspace(params)
@@ -175,9 +201,11 @@ class _StepSpec:
             ) from exc
 
     def arguments(
-        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], codecs: CodecRegistry | None = None
     ) -> tuple[inspect.BoundArguments, dict[str, Any]]:
-        """Bind a call and check every argument is plain JSON (the key folds their canonical values)."""
+        """Bind a call and compute every argument's key form (the key folds their canonical values): plain JSON
+        as itself, typed values through the value codecs (``codecs``; default: the process's registry, built-ins
+        + plugins). The body still receives the original values (``bound``)."""
         try:
             bound = self.call_signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -185,21 +213,24 @@ class _StepSpec:
                 "invalid_declaration", f"step {self.identity}: {exc}", cause=exc, step=self.identity
             ) from exc
         bound.apply_defaults()
+        registry = codecs if codecs is not None else process_codecs()
         values: dict[str, Any] = {}
         for name, value in bound.arguments.items():
             try:
-                canonical_bytes(value)
-            except CanonicalError as exc:
+                form = registry.key_form(value)
+                canonical_bytes(form)
+            except (CodecError, CanonicalError) as exc:
                 raise CacheError(
                     "key_uncomputable",
-                    f"step {self.identity}: argument {name!r} is a {type(value).__module__}.{type(value).__qualname__}"
-                    f", not plain JSON data, so no key can be computed from it ({exc.message}). Pass plain data, or "
-                    "write the object to a file and declare that file in reads=[...]",
+                    f"step {self.identity}: argument {name!r} (a {type(value).__module__}.{type(value).__qualname__})"
+                    f" has no key: {exc.message}. Pass plain data or a type with a value codec (register one through"
+                    f" the `{HOOK_NAME}` plugin hook), or write the object to a file and declare that file in"
+                    " reads=[...]",
                     cause=exc,
                     step=self.identity,
                     argument=name,
                 ) from exc
-            values[name] = list(value) if isinstance(value, tuple) else value
+            values[name] = form
         return bound, values
 
     def environment_for(self, runtime_defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,18 +253,28 @@ def _task_run_ids() -> tuple[str | None, int]:
 
 
 def _run_step(
-    spec: _StepSpec, ctx: StepContext | None, as_state: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
+    spec: _StepSpec,
+    ctx: StepContext | None,
+    as_state: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_loop: _BodyOnLoop | None = None,
 ) -> Any:
     bound, values = spec.arguments(args, kwargs)  # typed refusal before any write
     if ctx is None:
         ctx = context_for_call()
     scope = standalone_run(f"step/{spec.identity}") if ctx is None else nullcontext(ctx)
     with scope as run_ctx:
-        return _dispatch(spec, run_ctx, as_state, bound, values)
+        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop)
 
 
 def _dispatch(
-    spec: _StepSpec, ctx: StepContext, as_state: bool, bound: inspect.BoundArguments, values: dict[str, Any]
+    spec: _StepSpec,
+    ctx: StepContext,
+    as_state: bool,
+    bound: inspect.BoundArguments,
+    values: dict[str, Any],
+    on_loop: _BodyOnLoop | None,
 ) -> Any:
     rt = ctx.spec.open()
     task_run_id, attempt = _task_run_ids()
@@ -255,9 +296,12 @@ def _dispatch(
 
     def execute(root: Path) -> Any:
         with waits_forbidden(f"the body of @step {spec.identity!r}"):
-            if spec.takes_workspace:
-                return spec.fn(Workspace(root), *bound.args, **bound.kwargs)
-            return spec.fn(*bound.args, **bound.kwargs)
+            lead = (Workspace(root),) if spec.takes_workspace else ()
+            out = spec.fn(*lead, *bound.args, **bound.kwargs)
+            # An async step: its coroutine runs on the task run's loop while this thread waits for it.
+            if on_loop is not None:
+                return on_loop.run(out)
+            return out
 
     result = rt.dispatcher.dispatch(request, execute)
     payload = _payload(spec, result, attempt, task_run_id)
@@ -271,7 +315,7 @@ def _dispatch(
     if result.outcome == "clean" and as_state:
         from prefect.states import Completed
 
-        return Completed(name="Cached", message=f"smthrs: verified cache hit {result.key}", data=result.value)
+        return Completed(name="Cached", message=f"{_HIT_MESSAGE}{result.key}", data=result.value)
     return result.value
 
 
@@ -369,13 +413,116 @@ class _Call:
         return f"<smthrs call {self.ctx!r}>"
 
 
+class _BodyOnLoop:
+    """Runs an async step's coroutine on the event loop of its task run, for the dispatch thread that waits for it.
+
+    The dispatch thread calls :meth:`run` from inside ``execute`` (sandbox ready, wait ban set): the coroutine is
+    scheduled on ``loop`` with that thread's context (``call_soon_threadsafe`` copies it), so the body sees the
+    task run's Prefect context and the wait ban exactly as a sync body does. :meth:`cancel` (the awaiting task was
+    cancelled) cancels a running body, or refuses one that has not started yet."""
+
+    __slots__ = ("loop", "_lock", "_future", "_cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._future: concurrent.futures.Future[Any] | None = None
+        self._cancelled = False
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        with self._lock:
+            if self._cancelled:
+                coro.close()
+                raise concurrent.futures.CancelledError(
+                    "the task run was cancelled before the step body started"
+                )
+            self._future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self._future.result()  # the body's own exception, or CancelledError if it was cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._future is not None:
+                self._future.cancel()
+
+
+async def _settle_in_thread(
+    spec: _StepSpec, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Run an async step's dispatch in a thread of its own (one per call: concurrent awaits stay concurrent, no
+    capped pool) while this coroutine awaits it without blocking the loop; the body runs back on this loop."""
+    loop = asyncio.get_running_loop()
+    on_loop = _BodyOnLoop(loop)
+    settled: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()  # the task run's context: Prefect's TaskRunContext, the flow run
+
+    def deliver(ok: bool, value: Any) -> None:
+        if settled.done():  # pragma: no cover - only this thread settles it
+            return
+        if ok:
+            settled.set_result(value)
+        else:
+            settled.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (
+                True,
+                context.run(_run_step, spec, call.ctx, call.as_state, args, kwargs, on_loop),
+            )
+        except BaseException as exc:
+            # Handed to the awaiting task as is: the step's own error, re-raised there, never swallowed.
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(deliver, *outcome)
+        except RuntimeError:  # the loop is closed: nobody awaits this call any more; its dispatch has settled
+            log.warning("step %s settled after its event loop closed: %r", spec.identity, outcome[1])
+
+    threading.Thread(target=work, name=f"smthrs-step-{spec.name}").start()
+    try:
+        return await asyncio.shield(settled)
+    except asyncio.CancelledError:
+        # The task run was cancelled (timeout, flow cancellation): cancel the body, then let the dispatch settle —
+        # it journals the cancelled body as a failed build — before the cancellation propagates, so no copy-back
+        # or record outlives the task run. The cancellation, not the body's CancelledError, is what propagates.
+        on_loop.cancel()
+        await asyncio.wait([settled])
+        if not settled.cancelled():
+            settled.exception()  # retrieved (journaled as the failure) so asyncio does not report it unretrieved
+        raise
+
+
+def _value_of(out: Any) -> Any:
+    """The value of a direct call: a hit's body returned OUR ``Cached`` state (so the task run shows Cached) and
+    Prefect hands that state back to a direct call — unwrap it; anything else is already the value."""
+    from prefect.client.schemas.objects import State
+
+    if not (isinstance(out, State) and out.name == "Cached" and (out.message or "").startswith(_HIT_MESSAGE)):
+        return out
+    from prefect.results import ResultRecord
+
+    data = out.data
+    return data.result if isinstance(data, ResultRecord) else data
+
+
+async def _awaited_value(out: Coroutine[Any, Any, Any]) -> Any:
+    return _value_of(await out)
+
+
 def _make_body(spec: _StepSpec) -> Callable[..., Any]:
-    def body(*args: Any, **kwargs: Any) -> Any:
+    def sync_body(*args: Any, **kwargs: Any) -> Any:
         call = kwargs.pop(CONTEXT_PARAM, None)
         if call is None:
             call = _Call(None, False)
         return _run_step(spec, call.ctx, call.as_state, args, kwargs)
 
+    async def async_body(*args: Any, **kwargs: Any) -> Any:
+        call = kwargs.pop(CONTEXT_PARAM, None)
+        if call is None:
+            call = _Call(None, False)
+        return await _settle_in_thread(spec, call, args, kwargs)
+
+    body: Callable[..., Any] = async_body if spec.is_async else sync_body
     body.__name__ = spec.fn.__name__
     body.__qualname__ = spec.fn.__qualname__
     body.__module__ = spec.fn.__module__
@@ -413,8 +560,16 @@ class Step(prefect.Task):  # type: ignore[type-arg]
         )
 
     def __call__(self, *args: Any, return_state: bool = False, wait_for: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
-        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), return_state)
-        return super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        """Run the step as a task run and return its value (a coroutine of it for an async step). A hit's task
+        run ends ``Cached``; Prefect then returns that state to a direct call, which is unwrapped here. A failure
+        raises the step's own error (Prefect's ``result`` path re-raises it untouched)."""
+        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
+        out = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        if return_state:
+            return out
+        if inspect.iscoroutine(out):
+            return _awaited_value(out)
+        return _value_of(out)
 
     def submit(self, *args: Any, return_state: bool = False, wait_for: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
@@ -468,10 +623,11 @@ def step(
     ``timeout_seconds``, ``task_run_name`` ...)."""
 
     def wrap(f: F) -> Step:
-        if not callable(f) or inspect.iscoroutinefunction(f) or inspect.isgeneratorfunction(f):
+        if not callable(f) or inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
             raise CacheError(
                 "invalid_declaration",
-                f"@step decorates plain synchronous functions, not {f!r} (async and generator steps are not supported)",
+                f"@step decorates functions and coroutine functions (async def), not {f!r} (generator steps are "
+                "not supported: a cached step returns one value); return a list instead",
             )
         spec_options = {
             "name": name or f.__name__,
