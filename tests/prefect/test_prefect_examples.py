@@ -140,7 +140,7 @@ def test_an_installed_plugin_is_discovered_without_code_change_and_its_hooks_are
     info = json.loads(listed.stdout)
     example = next(p for p in info["plugins"] if p["name"] == "example")
     assert example["distribution"] == "smthrs-example-plugin" and example["source"] == "entry-point"
-    assert set(example["hooks"]) == {"smthrs_plan_actions", "smthrs_node_settled"}
+    assert set(example["hooks"]) == {"smthrs_plan_actions", "smthrs_node_settled", "smthrs_value_codecs"}
     assert info["actions"] == {"shout": "example"}
 
     ran = subprocess.run(
