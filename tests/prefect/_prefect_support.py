@@ -70,3 +70,17 @@ def run_py(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, tim
         timeout=timeout,
         check=False,
     )
+
+
+def step_outcomes(workspace: Path) -> list[str]:
+    """Every ``step-settled`` outcome journaled in ``workspace``'s runtime, sorted (the README examples' check that
+    each body ran once and every repeat was a hit)."""
+    import smthrs_plugin as sp
+
+    with sp.open_runtime(workspace) as rt:
+        return sorted(
+            e.payload["outcome"]
+            for r in rt.runs.list()
+            for e in rt.journal.read(r.run_id)
+            if e.type == "step-settled"
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _prefect_support import step_outcomes
 
 pytestmark = pytest.mark.prefect
 
@@ -40,15 +41,7 @@ def test_readme_flow_author_example_runs(
     # --- end README example ---
     assert capsys.readouterr().out.splitlines()[-2:] == ["{'kept': 2}", "{'kept': 2}"]
     assert (tmp_path / "data/clean.csv").read_text() == "0.7\n0.9\n"
-    rt = sp.open_runtime(tmp_path)
-    outcomes = [
-        e.payload["outcome"]
-        for r in rt.runs.list()
-        for e in rt.journal.read(r.run_id)
-        if e.type == "step-settled"
-    ]
-    assert sorted(outcomes) == ["built", "clean"]
-    rt.close()
+    assert step_outcomes(tmp_path) == ["built", "clean"]
 
 
 def test_readme_plan_in_a_flow_example_runs(

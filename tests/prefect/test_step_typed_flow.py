@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from _prefect_support import poll, task_runs_of
+from _prefect_support import poll, step_outcomes, task_runs_of
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
@@ -258,12 +258,4 @@ def test_readme_dataframe_step_example_runs(
     print(daily_total(dt.date(2026, 1, 2)))  # clean: the frame decoded from the store, then `total` hit
     # --- end README example ---
     assert capsys.readouterr().out.splitlines()[-2:] == ["4.5", "4.5"]
-    rt = sp.open_runtime(tmp_path)
-    outcomes = [
-        e.payload["outcome"]
-        for r in rt.runs.list()
-        for e in rt.journal.read(r.run_id)
-        if e.type == "step-settled"
-    ]
-    assert sorted(outcomes) == ["built"] * 2 + ["clean"] * 2
-    rt.close()
+    assert step_outcomes(tmp_path) == ["built"] * 2 + ["clean"] * 2
