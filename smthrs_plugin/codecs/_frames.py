@@ -1,7 +1,9 @@
 """Optional-extras codecs: numpy ``ndarray``, pyarrow ``Table``, pandas ``DataFrame`` / ``Series``.
 
-Each library is imported lazily inside :func:`frame_codecs` (never at ``smthrs_plugin`` import time); a codec is
-returned only when its library imports.
+No library is imported to REGISTER these codecs: :func:`frame_codecs` returns a lazy codec per library that is
+installed (found on the path, not imported), and a library is imported only when a value of its own type is keyed
+or stored (it is then already imported: the value exists) or a stored document of its tag is decoded. So opening a
+runtime — every CLI command — never pays for pandas and pyarrow (≈100 MB of RSS and a second of start-up).
 
 Stability rule — what is and is not part of a key (tested in ``tests/codecs/test_frames.py``)
 - **numpy.ndarray**: the dtype's ``dtype.str`` (kind, item size AND byte order: ``<i8`` and ``>i8`` are different
@@ -49,8 +51,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import importlib.util
 import json
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -613,27 +617,89 @@ class SeriesCodec:
 # ------------------------------------------------------------------------------------------------- entry
 
 
-def frame_codecs() -> list[ValueCodec]:
-    """The optional-extras codecs whose library imports in this environment (numpy, pyarrow, pandas+pyarrow)."""
-    codecs: list[ValueCodec] = []
-    try:
-        import numpy as np
+class _Lazy:
+    """A codec whose library is imported on first real use (module docstring). ``root`` is the top-level module
+    a value of this type is defined under; ``build`` imports the library and returns the real codec."""
 
-        codecs.append(NumpyArrayCodec(np))
-    except ImportError:
-        pass  # the extra is not installed: no ndarray codec (a value of that type is then `no_codec`)
-    try:
-        import pyarrow as pa
-        import pyarrow.ipc  # noqa: F401  (the submodule is not always imported by `import pyarrow`)
-    except ImportError:
+    def __init__(self, tag: str, root: str, build: Callable[[], ValueCodec]) -> None:
+        self.tag = tag
+        self._root = root
+        self._build = build
+        self._real: ValueCodec | None = None
+        self._lock = threading.Lock()
+
+    def _codec(self) -> ValueCodec:
+        if self._real is None:
+            with self._lock:
+                if self._real is None:
+                    self._real = self._build()
+        return self._real
+
+    def handles(self, value: Any) -> bool:
+        # A value of the library's type can exist only once the library is imported: never import to answer.
+        module = type(value).__module__
+        if module.split(".", 1)[0] != self._root or self._root not in sys.modules:
+            return False
+        return self._codec().handles(value)
+
+    def key_form(self, value: Any, registry: CodecRegistry) -> JSON:
+        return self._codec().key_form(value, registry)
+
+    def encode(self, value: Any, registry: CodecRegistry, sink: BlobSink | None) -> JSON:
+        return self._codec().encode(value, registry, sink)
+
+    def decode(self, doc: JSON, registry: CodecRegistry, source: BlobSource | None) -> Any:
+        return self._codec().decode(doc, registry, source)
+
+    def blob_digests(self, doc: JSON) -> list[str]:
+        return self._codec().blob_digests(doc)
+
+
+def _installed(*names: str) -> bool:
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+def frame_codecs() -> list[ValueCodec]:
+    """The optional-extras codecs whose libraries are installed (numpy; pyarrow; pandas + pyarrow), lazily."""
+    codecs: list[ValueCodec] = []
+    if _installed("numpy"):
+
+        def numpy_codec() -> ValueCodec:
+            import numpy as np
+
+            return NumpyArrayCodec(np)
+
+        codecs.append(_Lazy(NumpyArrayCodec.tag, "numpy", numpy_codec))
+    if not _installed("pyarrow"):
         # pandas values are stored through Arrow: without pyarrow there is no pandas codec either
         return codecs
-    arrow = _Arrow(pa)
-    codecs.append(ArrowTableCodec(arrow))
-    try:
-        import pandas as pd
-    except ImportError:
+    arrow: list[_Arrow] = []
+
+    def shared_arrow() -> _Arrow:
+        with _ARROW_LOCK:
+            if not arrow:
+                import pyarrow as pa
+                import pyarrow.ipc  # noqa: F401  (the submodule is not always imported by `import pyarrow`)
+
+                arrow.append(_Arrow(pa))
+        return arrow[0]
+
+    codecs.append(_Lazy(ArrowTableCodec.tag, "pyarrow", lambda: ArrowTableCodec(shared_arrow())))
+    if not _installed("pandas"):
         return codecs
-    pandas = _Pandas(pd, arrow)
-    codecs.extend([DataFrameCodec(pandas), SeriesCodec(pandas)])
+    pandas: list[_Pandas] = []
+
+    def shared_pandas() -> _Pandas:
+        with _ARROW_LOCK:
+            if not pandas:
+                import pandas as pd
+
+                pandas.append(_Pandas(pd, shared_arrow()))  # an RLock: re-entered here
+        return pandas[0]
+
+    codecs.append(_Lazy(DataFrameCodec.tag, "pandas", lambda: DataFrameCodec(shared_pandas())))
+    codecs.append(_Lazy(SeriesCodec.tag, "pandas", lambda: SeriesCodec(shared_pandas())))
     return codecs
+
+
+_ARROW_LOCK = threading.RLock()

@@ -81,8 +81,18 @@ def big_frame(rows: int = 20_000) -> Any:
 # ------------------------------------------------------------------------------------------------ round trips
 
 
-def test_importing_smthrs_never_imports_pandas_or_pyarrow() -> None:
-    code = "import sys, smthrs_plugin, smthrs_plugin.codecs; print(sorted({'pandas', 'pyarrow'} & set(sys.modules)))"
+def test_opening_a_runtime_and_keying_plain_values_never_imports_numpy_pandas_or_pyarrow(
+    tmp_path: Path,
+) -> None:
+    # Every CLI command opens a runtime (and so builds the codec registry): pandas + pyarrow would cost it ~100 MB
+    # of RSS and a second of start-up, and break the bounded-memory promise of the plan-file refusals.
+    code = (
+        "import sys, datetime, smthrs_plugin as sp\n"
+        f"rt = sp.open_runtime({str(tmp_path)!r})\n"
+        "rt.codecs.key_form({'day': datetime.date(2026, 1, 2), 'n': [1, 2.5, 'x']})\n"
+        "rt.close()\n"
+        "print(sorted({'numpy', 'pandas', 'pyarrow'} & set(sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=240
     )
