@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -23,9 +25,17 @@ from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.engine.journal import Journal
 from smthrs_plugin.stores.database import Database, open_database
 
+# One temporary directory for the whole session and every process it starts (TMPDIR is inherited), removed at
+# exit: a SIGKILLed child (the crash tests kill owners mid-node on purpose) cannot remove its own sandbox, and a
+# test run must leave the machine as it found it.
+_SESSION_TMP = tempfile.mkdtemp(prefix="smthrs-tests-")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = None  # forget the cached default so this process uses it too
+atexit.register(shutil.rmtree, _SESSION_TMP, True)
+
 # Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md).
-_PREFECT_HOME = tempfile.mkdtemp(prefix="smthrs-prefect-home-")
-os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+if "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="smthrs-prefect-home-")
 for _k, _v in {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
