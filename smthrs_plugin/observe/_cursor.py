@@ -74,10 +74,8 @@ def decode_cursor(cursor: object, *, kind: str, source: str, what: str = "cursor
         raise _invalid(what, "fails its integrity check (edited or truncated)")
     try:
         body = json.loads(payload)
-    except (
-        ValueError,
-        RecursionError,
-    ) as exc:  # RecursionError: a forged body nested past the parser's stack
+    # RecursionError: a forged body nested past the JSON parser's stack.
+    except (ValueError, RecursionError) as exc:
         raise _invalid(what, "does not decode (JSON)", exc) from exc
     if not isinstance(body, dict) or body.get("v") != 1 or not isinstance(body.get("src"), str):
         raise _invalid(what, "has an unknown layout")
