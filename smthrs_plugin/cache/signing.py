@@ -153,6 +153,11 @@ def _b64_32(text: str) -> bytes | None:
     return raw if len(raw) == 32 else None
 
 
+def _raw_key(data: bytes) -> bytes | None:
+    """32 raw key bytes, given as themselves or as their base64; None for anything else."""
+    return data if len(data) == 32 else _b64_32(data.decode("ascii", "replace"))
+
+
 def _private_from_bytes(data: bytes, where: str) -> Ed25519PrivateKey:
     if data.lstrip().startswith(b"-----BEGIN"):
         try:
@@ -162,9 +167,7 @@ def _private_from_bytes(data: bytes, where: str) -> Ed25519PrivateKey:
         if not isinstance(key, Ed25519PrivateKey):
             raise _invalid_key(f"{where} holds a {type(key).__name__}, not an Ed25519 key", where=where)
         return key
-    if len(data) == 32:
-        return Ed25519PrivateKey.from_private_bytes(data)
-    raw = _b64_32(data.decode("ascii", "replace"))
+    raw = _raw_key(data)
     if raw is not None:
         return Ed25519PrivateKey.from_private_bytes(raw)
     raise _invalid_key(
@@ -195,9 +198,7 @@ def _public_from_bytes(data: bytes, where: str) -> PublicKey:
         return PublicKey.from_raw(
             key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         )
-    if len(data) == 32:
-        return PublicKey.from_raw(data)
-    raw = _b64_32(data.decode("ascii", "replace"))
+    raw = _raw_key(data)
     if raw is not None:
         return PublicKey.from_raw(raw)
     raise _invalid_key(

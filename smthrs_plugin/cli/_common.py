@@ -23,6 +23,7 @@ __all__ = [
     "db_url",
     "done",
     "refuse",
+    "print_refusal",
 ]
 
 DbOption = Annotated[
@@ -44,10 +45,15 @@ def done(as_json: bool, payload: dict[str, Any], text: str) -> None:
     typer.echo(json.dumps(payload, sort_keys=True) if as_json else text)
 
 
-def refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
-    """Print a typed refusal (``{"error": {...}}`` with ``--json``) and exit by :func:`._exits.refusal_exit`."""
+def print_refusal(as_json: bool, exc: SmthrsError) -> int:
+    """Print a typed refusal (``{"error": {...}}`` with ``--json``); return its :func:`._exits.refusal_exit` code."""
     if as_json:
         typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
     else:
         typer.echo(f"smthrs: refused: {exc}", err=True)
-    raise typer.Exit(refusal_exit(exc))
+    return refusal_exit(exc)
+
+
+def refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
+    """Print a typed refusal and exit by :func:`._exits.refusal_exit`."""
+    raise typer.Exit(print_refusal(as_json, exc))

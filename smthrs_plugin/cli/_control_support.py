@@ -32,10 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from smthrs_plugin.cli._exits import (
-    exit_code,
-    refusal_exit,
-)
+from smthrs_plugin.cli._common import print_refusal
+from smthrs_plugin.cli._exits import exit_code
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +47,6 @@ __all__ = [
     "PlanLauncher",
     "parse_principal",
     "parse_inputs",
-    "refusal_exit",
     "fail",
     "answer",
     "follow",
@@ -81,11 +78,7 @@ def parse_inputs(pairs: list[str] | None) -> dict[str, str]:
 
 def fail(as_json: bool, exc: SmthrsError) -> typer.Exit:
     """Print a refusal (one JSON object with ``--json``) and return the Exit to raise."""
-    if as_json:
-        typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
-    else:
-        typer.echo(f"smthrs: refused: {exc}", err=True)
-    return typer.Exit(refusal_exit(exc))
+    return typer.Exit(print_refusal(as_json, exc))
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
-from smthrs_plugin.cli._exits import exit_code, refusal_exit
+from smthrs_plugin.cli._common import refuse as _refuse
+from smthrs_plugin.cli._exits import exit_code
 from smthrs_plugin.engine.context import RunCancelled, RunParked
 from smthrs_plugin.errors import FenceLost, SmthrsError
 
@@ -39,14 +40,6 @@ __all__ = ["register", "run_plan_file"]
 def register(app: typer.Typer) -> None:
     """Add ``smthrs run`` to the root app."""
     app.command("run")(run_plan_file)
-
-
-def _refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
-    if as_json:
-        typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
-    else:
-        typer.echo(f"smthrs: refused: {exc}", err=True)
-    raise typer.Exit(refusal_exit(exc))
 
 
 def _held(as_json: bool, run_id: str | None, exc: FenceLost) -> NoReturn:
