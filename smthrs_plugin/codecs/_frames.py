@@ -42,6 +42,9 @@ unchanged, so it is restricted to objects this module created from immutable byt
   written block; the entry records the block value objects, their placements, the index and column objects and
   their names, and a later key_form reuses the digest only if all of these are still the same objects/values.
   Anything else (no Copy-on-Write, pandas internals not as expected) simply hashes again — correctness over speed.
+- Across processes (a Prefect process pool, Dask workers), Tables, DataFrames and Series carry their key form
+  through pickle (``_identity.carry``: the sender's snapshot and guard, the receiver's :func:`_arrive`). ndarrays do
+  not: a reducer on every array would give up numpy's protocol-5 out-of-band buffers, which Dask relies on.
 Values a step *returns* on a miss (the author's own objects) are never registered: their buffers may be aliased by
 writeable arrays the author still holds.
 """
@@ -60,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CodecError
-from ._identity import _IDENTITIES, forget_identities
+from ._identity import _IDENTITIES, carry, forget_identities
 from ._registry import JSON, BlobSink, BlobSource, CodecRegistry, ValueCodec, type_name
 
 __all__ = ["INLINE_LIMIT", "ARROW_FORMAT", "frame_codecs", "forget_identities"]
@@ -337,11 +340,31 @@ class ArrowTableCodec:
         data, digest = _fetch(doc["data"], source, "Arrow table")
         table = self._arrow.read(data, "Arrow table")
         key = {"format": ARROW_FORMAT, "data": {"sha256": digest or _sha256(data), "size": len(data)}}
-        _IDENTITIES.remember(table, key, lambda t: True)  # immutable, zero-copy over the verified bytes
+        _remember_table(table, key)
         return table
 
     def blob_digests(self, doc: JSON) -> list[str]:
         return _blob_digests(doc)
+
+
+def _remember_table(table: Any, key: JSON) -> None:
+    _IDENTITIES.remember(table, key, lambda t: True)  # immutable, zero-copy over the verified bytes
+    carry(type(table), _arrive, lambda t: t)
+
+
+def _pandas_snapshot(obj: Any) -> Any:
+    # A Copy-on-Write shallow copy: shares the blocks as they are now, and no write to `obj` can reach it.
+    return obj.copy(deep=False)
+
+
+def _arrive(key: JSON, obj: Any) -> Any:
+    """Unpickling hook of a travelling decoded value (``_identity.carry``): remember ``obj`` under the key form
+    its sender vouched for, with this process's own guard, so it keys without hashing here and travels on."""
+    if type(obj).__module__.split(".", 1)[0] == "pyarrow":
+        _remember_table(obj, key)
+    else:
+        _shared_pandas().remember(obj, key)
+    return obj
 
 
 # ------------------------------------------------------------------------------------------------ pandas
@@ -468,6 +491,7 @@ class _Pandas:
             )
 
         _IDENTITIES.remember(obj, key, unchanged)
+        carry(type(obj), _arrive, _pandas_snapshot)
 
 
 class DataFrameCodec:
@@ -629,33 +653,36 @@ def frame_codecs() -> list[ValueCodec]:
     if not _installed("pyarrow"):
         # pandas values are stored through Arrow: without pyarrow there is no pandas codec either
         return codecs
-    arrow: list[_Arrow] = []
-
-    def shared_arrow() -> _Arrow:
-        with _ARROW_LOCK:
-            if not arrow:
-                import pyarrow as pa
-                import pyarrow.ipc  # noqa: F401  (the submodule is not always imported by `import pyarrow`)
-
-                arrow.append(_Arrow(pa))
-        return arrow[0]
-
-    codecs.append(_Lazy(ArrowTableCodec.tag, "pyarrow", lambda: ArrowTableCodec(shared_arrow())))
+    codecs.append(_Lazy(ArrowTableCodec.tag, "pyarrow", lambda: ArrowTableCodec(_shared_arrow())))
     if not _installed("pandas"):
         return codecs
-    pandas: list[_Pandas] = []
-
-    def shared_pandas() -> _Pandas:
-        with _ARROW_LOCK:
-            if not pandas:
-                import pandas as pd
-
-                pandas.append(_Pandas(pd, shared_arrow()))  # an RLock: re-entered here
-        return pandas[0]
-
-    codecs.append(_Lazy(DataFrameCodec.tag, "pandas", lambda: DataFrameCodec(shared_pandas())))
-    codecs.append(_Lazy(SeriesCodec.tag, "pandas", lambda: SeriesCodec(shared_pandas())))
+    codecs.append(_Lazy(DataFrameCodec.tag, "pandas", lambda: DataFrameCodec(_shared_pandas())))
+    codecs.append(_Lazy(SeriesCodec.tag, "pandas", lambda: SeriesCodec(_shared_pandas())))
     return codecs
+
+
+# One helper per library and process: the codecs of every registry and the unpickling hook share them.
+_ARROW: list[_Arrow] = []
+_PANDAS: list[_Pandas] = []
+
+
+def _shared_arrow() -> _Arrow:
+    with _ARROW_LOCK:
+        if not _ARROW:
+            import pyarrow as pa
+            import pyarrow.ipc  # noqa: F401  (the submodule is not always imported by `import pyarrow`)
+
+            _ARROW.append(_Arrow(pa))
+    return _ARROW[0]
+
+
+def _shared_pandas() -> _Pandas:
+    with _ARROW_LOCK:
+        if not _PANDAS:
+            import pandas as pd
+
+            _PANDAS.append(_Pandas(pd, _shared_arrow()))  # an RLock: re-entered here
+    return _PANDAS[0]
 
 
 _ARROW_LOCK = threading.RLock()
