@@ -16,7 +16,6 @@ import os
 import shutil
 import stat as stat_mod
 import sys
-import uuid
 from pathlib import Path
 
 from ..errors import BoundaryError
@@ -53,13 +52,6 @@ def copy_with_hash(src: str, dst: str, *, fsync: bool = False) -> tuple[str, int
     # mtimes matter to make-like tools running inside a sandbox
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     return h.hexdigest(), n
-
-
-def staging_dir(root: Path, prefix: str) -> Path:
-    """A fresh directory under ``<root>/.smthrs/tmp`` (same filesystem: ``os.replace`` into place is atomic)."""
-    d = root / ".smthrs" / "tmp" / f"{prefix}-{uuid.uuid4().hex}"
-    d.mkdir(parents=True)
-    return d
 
 
 def inside(root_real: str, rel: str) -> str:

@@ -26,7 +26,8 @@ from pathlib import Path
 from ..errors import ArtifactError, BoundaryError, PlanError, ReplayError
 from ..plan.fileset import normalize_path, reserved_top
 from ..stores.artifacts import ArtifactStore, ProgressFn
-from ._fsops import check_dest, inside, normal_mode, remove_path, rmtree_force, staging_dir
+from ._fsops import check_dest, inside, normal_mode, remove_path, rmtree_force
+from ._litter import staging_dir
 from .evidence import Evidence
 
 __all__ = ["Replayed", "replay_outputs", "check_replayable"]

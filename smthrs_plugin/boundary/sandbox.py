@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 import stat as stat_mod
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +46,8 @@ from typing import Generic, Literal, TypeVar
 from ..errors import BoundaryError, MaterializationConflict
 from ..plan.fileset import RESERVED_TOP
 from ..stores.artifacts import ArtifactStore
-from ._fsops import check_dest, copy_with_hash, inside, normal_mode, remove_path, rmtree_force, staging_dir
+from ._fsops import check_dest, copy_with_hash, inside, normal_mode, remove_path, rmtree_force
+from ._litter import owned_temp_dir, staging_dir
 from .boundary import Declaration, Prepared, build_evidence, classify, prepare, refuse_hard
 from .evidence import Evidence, InlineLimits
 from .measure import ABSENT, DEFAULT_ENTRY_BUDGET, FileState, Measurer, scan_tree, sha256_file
@@ -111,7 +111,7 @@ def run_in_sandbox(
     ws = Path(os.path.abspath(os.fspath(workspace)))
     m = measurer or Measurer(ws)
     prepared = prepare(ws, declaration, measurer=m)
-    parent = Path(tempfile.mkdtemp(prefix="smthrs-sandbox-", dir=temp_dir))
+    parent = owned_temp_dir("smthrs-sandbox", temp_dir)
     try:
         sroot = parent / "root"
         sroot.mkdir()
