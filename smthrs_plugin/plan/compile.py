@@ -22,6 +22,14 @@ Invariants (SEMANTICS.md §2)
 - ``verify_plan`` replays compile and every append from the stored drafts and refuses any difference with
   ``invalid_plan`` — the plan is its own proof, like a git tree whose hashes are recomputed on fsck.
 
+Cost (P5 goal: 100,000 nodes in <= 3 s, benchmarks/graph.py): plan keys and the digest are written by
+``_canon`` — canonical text composed from parts, each node's effects text and key text written once and reused
+by the digest — with the generic ``canonical.key`` walk (``keys._plan_key_reference``,
+``_plan_digest_reference``) as the definition it must equal and the path every refusal is raised from;
+declaration order that is already topological is recognised in one pass; compiled nodes are built with
+``model_construct`` from values this module computed (drafts themselves are never trusted: entries are
+re-checked above).
+
 Priority in the digest: an int within ±(2**53-1) enters as a JSON number; beyond that (canonical JSON has no
 exact form for it) it enters as its decimal string. The two ranges are disjoint, so the encoding is injective.
 """
@@ -30,15 +38,16 @@ from __future__ import annotations
 
 import heapq
 import typing as t
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..canonical import key
 from ..errors import CanonicalError, PlanError
+from . import _canon
 from ._overlap import ProducerIndex
 from .fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
-from .keys import effects_json, plan_key
-from .model import Conflict, NodeDraft, Plan, PlanNode, RuntimeStrategy, check_write_remove
+from .keys import effects_json, plan_key_with_effects
+from .model import Conflict, Literal, NodeDraft, Plan, PlanNode, RuntimeStrategy, check_write_remove
 
 __all__ = [
     "compile_plan",
@@ -50,6 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_MAXIMUM_PLAN_NODES = 10_000
+_NODE_FIELDS = set(PlanNode.model_fields)
 _SAFE_INT = 2**53 - 1
 
 
@@ -73,6 +83,37 @@ def _node_json(n: PlanNode) -> dict[str, Any]:
 def plan_digest(plan_id: str, flow: str, nodes: Sequence[PlanNode]) -> str:
     """``content({body: {kind: "plan", plan_id, flow}, inputs: {nodes: [{id, kind, key, dependsOn, conflicts,
     effects, priority}...]}})`` over ``nodes`` in plan order."""
+    return _digest(plan_id, flow, nodes, None, {})
+
+
+def _digest(
+    plan_id: str,
+    flow: str,
+    nodes: Sequence[PlanNode],
+    effs: Sequence[str | None] | None,
+    quoted: Mapping[str, str],
+) -> str:
+    # effs: each node's effects text when keying already wrote it (None: write it here); quoted: the JSON text
+    # of the keys this compile wrote, by node id (a node whose id is missing has its key written here).
+    try:
+        ids: dict[str, str] = {}
+        texts = []
+        for i, n in enumerate(nodes):
+            eff = effs[i] if effs is not None else None
+            texts.append(
+                _canon.digest_node(
+                    n, _canon.effects(n.draft.effects) if eff is None else eff, ids, quoted.get(n.id)
+                )
+            )
+        return _canon.digest(plan_id, flow, texts)
+    except Exception:
+        # not swallowed: the reference path returns the same digest, or raises the refusal itself
+        return _plan_digest_reference(plan_id, flow, nodes)
+
+
+def _plan_digest_reference(plan_id: str, flow: str, nodes: Sequence[PlanNode]) -> str:
+    # The generic construction (one canonical.key walk over the whole document): the definition _canon.digest
+    # must equal, and the path every refusal is raised from.
     try:
         return key(
             {
@@ -108,7 +149,15 @@ def _check_entries(d: NodeDraft) -> None:
     # Drafts are validated at construction; this re-check refuses drafts that bypassed validation
     # (model_construct / model_copy(update=...)) so a hostile plan cannot smuggle an escaping path in.
     e = d.effects
-    for group in (e.reads, e.writes, e.removes):
+    reads, writes, removes = e.reads, e.writes, e.removes
+    if (
+        type(reads) is tuple
+        and type(writes) is tuple
+        and type(removes) is tuple
+        and not (reads or writes or removes)
+    ):
+        return  # nothing declared, nothing to re-check (most nodes of a large plan)
+    for group in (reads, writes, removes):
         for x in group:
             try:
                 ok = _normalised(x)
@@ -140,13 +189,20 @@ def _normalised(x: object) -> bool:
     )
 
 
-def _topological(drafts: Sequence[NodeDraft], placed: set[str]) -> list[NodeDraft]:
-    """Depth-first post-order in declaration order over material dependencies (already placed ids are leaves)."""
-    by_id = {d.id: d for d in drafts}
+def _topological(
+    drafts: Sequence[NodeDraft], placed: set[str]
+) -> tuple[list[NodeDraft], dict[str, tuple[str, ...]]]:
+    """Depth-first post-order in declaration order over material dependencies (already placed ids are leaves).
+    Also returns each draft's material dependencies (``NodeDraft.dependencies()``, computed once here)."""
+    where = {d.id: i for i, d in enumerate(drafts)}
     for d in drafts:
-        for i, inp in enumerate(d.material.inputs):
-            dep = getattr(inp, "from_", None)
-            if dep is not None and dep not in by_id and dep not in placed:
+        inputs = d.material.inputs
+        if type(inputs) is tuple and not inputs:
+            continue
+        for i, inp in enumerate(inputs):
+            # a Literal has no from_: reading its __dict__ skips pydantic's __getattr__ miss (an exception)
+            dep = inp.__dict__.get("from_") if type(inp) is Literal else getattr(inp, "from_", None)
+            if dep is not None and dep not in where and dep not in placed:
                 raise PlanError(
                     "unknown_dependency",
                     f"node {d.id!r} input #{i} depends on {dep!r}, which is not a node of this plan; declare "
@@ -154,7 +210,22 @@ def _topological(drafts: Sequence[NodeDraft], placed: set[str]) -> list[NodeDraf
                     node=d.id,
                     dependency=dep,
                 )
-    deps = {d.id: [x for x in d.dependencies() if x not in placed] for d in drafts}
+    material = {d.id: d.dependencies() for d in drafts}
+    # Common case, decided in one pass: every dependency is declared earlier (or already placed). Then the
+    # post-order below would emit exactly the declaration order (each node's dependencies are finished when
+    # the outer loop reaches it), and there is no cycle to find.
+    ordered = True
+    for i, ds in enumerate(material.values()):
+        for x in ds:
+            if where.get(x, -1) >= i:
+                ordered = False
+                break
+        if not ordered:
+            break
+    if ordered:
+        return list(drafts), material
+    by_id = {d.id: d for d in drafts}
+    deps = {nid: [x for x in ds if x not in placed] if placed else ds for nid, ds in material.items()}
     state: dict[str, int] = {}
     order: list[NodeDraft] = []
     for d in drafts:
@@ -182,7 +253,7 @@ def _topological(drafts: Sequence[NodeDraft], placed: set[str]) -> list[NodeDraf
                 stack.pop()
                 state[nid] = 2
                 order.append(by_id[nid])
-    return order
+    return order, material
 
 
 class _Reach:
@@ -191,7 +262,7 @@ class _Reach:
 
     __slots__ = ("_deps", "_seen", "_heap")
 
-    def __init__(self, deps: list[list[int]], start: Iterable[int]) -> None:
+    def __init__(self, deps: list[Sequence[int]], start: Iterable[int]) -> None:
         self._deps = deps
         self._seen = set(start)
         self._heap = [-p for p in self._seen]
@@ -232,7 +303,7 @@ def _build(
     drafts: Sequence[Any],
     generation: int,
     maximum: int,
-) -> tuple[PlanNode, ...]:
+) -> tuple[tuple[PlanNode, ...], list[str | None], dict[str, str]]:
     for i, d in enumerate(drafts):
         if not isinstance(d, NodeDraft):
             raise PlanError(
@@ -259,7 +330,7 @@ def _build(
                 node=d.id,
             )
         seen.add(d.id)
-    order = _topological(drafts, placed)
+    order, material = _topological(drafts, placed)
     for d in order:
         _check_entries(d)
 
@@ -269,12 +340,23 @@ def _build(
         pos[d.id] = base + i
     all_drafts: list[NodeDraft] = [n.draft for n in existing] + order
     ids: list[str] = [n.id for n in existing] + [d.id for d in order]
-    deps: list[list[int]] = [[pos[x] for x in n.depends_on] for n in existing]
-    deps += [[pos[x] for x in d.dependencies()] for d in order]
+    # Edge lists stay tuples (shared empties, no per-node list) until compile adds an edge (_add_edge).
+    deps: list[Sequence[int]] = [tuple([pos[x] for x in n.depends_on]) for n in existing]
+    deps += [tuple([pos[x] for x in m]) if (m := material[d.id]) else () for d in order]
 
     keys: dict[str, str] = {n.id: n.key for n in existing}
+    # What keying writes once and the digest reuses: each new node's effects text (None where the fast writer
+    # declined; the digest then writes it again or takes the reference path) and its key's JSON text.
+    effs: list[str | None] = [None] * base
+    quoted: dict[str, str] = {}
     for d in order:
-        keys[d.id] = plan_key(d, keys)
+        try:
+            eff: str | None = _canon.effects(d.effects)
+        except Exception:
+            eff = None  # declined: plan_key_with_effects writes it again or takes the reference path
+        effs.append(eff)
+        k = keys[d.id] = plan_key_with_effects(d, keys, eff, quoted)
+        quoted[d.id] = '"' + k + '"'  # a key1_ key is [a-z0-9_]: its JSON text needs no escaping
 
     # (5a) conflict annotation between producers.
     conflicts: dict[int, list[Conflict]] = {}
@@ -317,7 +399,7 @@ def _build(
                 Conflict.model_validate({"with": other.id, "strategy": strategy, "runtime": runtime})
             )
             if strategy == "serialize":
-                deps[p].append(e)
+                _add_edge(deps, p, e)
                 reach.add(e)
 
     # (5b) reader-after-writer edges: a reader depends on every earlier, unordered producer of what it reads.
@@ -330,23 +412,45 @@ def _build(
                 reach = _Reach(deps, deps[p])
                 for e in cands:
                     if not reach.reaches(e):
-                        deps[p].append(e)
+                        _add_edge(deps, p, e)
                         reach.add(e)
         index.add(p, d.effects.produces)
 
+    # Every field below was computed here from drafts checked above (isinstance NodeDraft, entries
+    # re-checked): validating them again would only re-prove this function's own output. One shared
+    # fields-set: a compiled node is frozen, and pydantic copies the set before any model_copy update.
+    construct = PlanNode.model_construct
     new_nodes = tuple(
-        PlanNode(
-            id=ids[p],
-            position=p,
-            generation=generation,
-            key=keys[ids[p]],
-            depends_on=tuple(dict.fromkeys(ids[x] for x in deps[p])),
-            conflicts=tuple(conflicts.get(p, ())),
-            draft=all_drafts[p],
-        )
-        for p in range(base, len(ids))
+        [
+            construct(
+                _NODE_FIELDS,
+                id=ids[p],
+                position=p,
+                generation=generation,
+                key=keys[ids[p]],
+                depends_on=_names(ids, deps[p]),
+                conflicts=tuple(conflicts.get(p, ())),
+                draft=all_drafts[p],
+            )
+            for p in range(base, len(ids))
+        ]
     )
-    return tuple(existing) + new_nodes
+    return tuple(existing) + new_nodes, effs, quoted
+
+
+def _add_edge(deps: list[Sequence[int]], p: int, e: int) -> None:
+    dp = deps[p]
+    if type(dp) is not list:
+        dp = deps[p] = list(dp)
+    dp.append(e)
+
+
+def _names(ids: list[str], positions: Sequence[int]) -> tuple[str, ...]:
+    if not positions:
+        return ()
+    if len(positions) == 1:
+        return (ids[positions[0]],)
+    return tuple(dict.fromkeys([ids[x] for x in positions]))
 
 
 # ---------------------------------------------------------------------------------------------- public
@@ -364,8 +468,8 @@ def compile_plan(
     _check_identity(plan_id, flow, maximum_plan_nodes)
     if isinstance(nodes, (str, bytes, NodeDraft)) or not isinstance(nodes, Iterable):
         raise PlanError("invalid_plan", f"nodes must be a list of NodeDraft, not {type(nodes).__name__}")
-    built = _build(plan_id, flow, (), list(nodes), 0, maximum_plan_nodes)
-    digest = plan_digest(plan_id, flow, built)
+    built, effs, quoted = _build(plan_id, flow, (), list(nodes), 0, maximum_plan_nodes)
+    digest = _digest(plan_id, flow, built, effs, quoted)
     return Plan(
         plan_id=plan_id,
         flow=flow,
@@ -381,12 +485,14 @@ def _append(plan: Plan, drafts: Sequence[Any]) -> Plan:
     if not drafts:
         raise PlanError("invalid_plan", f"append to plan {plan.plan_id!r} needs at least one node draft")
     generation = plan.generation + 1
-    built = _build(plan.plan_id, plan.flow, plan.nodes, drafts, generation, plan.maximum_plan_nodes)
+    built, effs, quoted = _build(
+        plan.plan_id, plan.flow, plan.nodes, drafts, generation, plan.maximum_plan_nodes
+    )
     return Plan(
         plan_id=plan.plan_id,
         flow=plan.flow,
         nodes=built,
-        digest=plan_digest(plan.plan_id, plan.flow, built),
+        digest=_digest(plan.plan_id, plan.flow, built, effs, quoted),
         base_digest=plan.base_digest,
         generation=generation,
         maximum_plan_nodes=plan.maximum_plan_nodes,

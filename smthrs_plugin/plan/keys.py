@@ -16,19 +16,22 @@ Invariants (SEMANTICS.md §1)
   dropped from the key (``{"kind": "input-value"}``) and therefore distinct from JSON ``null``.
 - Non-sealed tiers use :func:`run_local_key` over ``["plan-node/v1", plan_id, node_id, node_key]`` + run id:
   replayable inside the run, never published. It is the only key a node id enters.
+- :func:`plan_key` writes the canonical text by composition (``_canon``); the generic whole-document walk
+  (``_plan_key_reference``) is its definition and the only path a refusal is raised from, so the key and every
+  refusal are byte-for-byte those of the walk (tests/plan/test_plan_canon.py, test_compile_golden.py).
 - Nothing is fixed up: a value without a canonical form, a missing Ref value or a malformed read set raises
   ``SchedulerError(key_uncomputable)`` (the cause kept) instead of producing a weaker key.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
 from ..canonical import key
 from ..errors import CanonicalError, PlanError, SchedulerError
-from .fileset import EntryInput, PathEntry, entry_json, flatten, normalize_path
+from . import _canon
+from .fileset import EntryInput, PathEntry, flatten, normalize_path
 from .model import Effects, KeyMaterial, Literal, NodeDraft, Pending, Ref
 
 __all__ = [
@@ -82,12 +85,7 @@ def project(value: Any, path: Sequence[str]) -> Any:
 
 
 def _entry_list(entries: Sequence[PathEntry]) -> list[Any]:
-    # Entry sets are sets: sorted and unique, so declaration order is not identity. Entry JSON is only strings
-    # and string lists, so sorted-keys json.dumps is an injective total order (cheaper than RFC 8785 bytes).
-    if not entries:
-        return []
-    by_text = {json.dumps(j, sort_keys=True, ensure_ascii=False): j for j in (entry_json(e) for e in entries)}
-    return [by_text[b] for b in sorted(by_text)]
+    return _canon.entry_list(entries)
 
 
 def effects_json(effects: Effects) -> dict[str, Any]:
@@ -137,6 +135,26 @@ def plan_key(draft: NodeDraft, upstream: Mapping[str, str]) -> str:
 
     Raises ``PlanError(unknown_dependency)`` when a dependency has no key, ``PlanError(invalid_node)`` when the
     declaration has no canonical form."""
+    return plan_key_with_effects(draft, upstream, None, {})
+
+
+def plan_key_with_effects(
+    draft: NodeDraft, upstream: Mapping[str, str], eff: str | None, quoted: Mapping[str, str]
+) -> str:
+    """:func:`plan_key`, given what the caller already wrote: the canonical text of ``effects_json(draft.effects)``
+    (``None``: write it here) and, by node id, the JSON text of upstream keys (compile writes each once and
+    reuses it for every dependent and in the plan digest)."""
+    try:
+        eff_text = _canon.effects(draft.effects) if eff is None else eff
+        return _canon.plan_key(draft, upstream, eff_text, quoted)
+    except Exception:
+        # not swallowed: the reference path returns the same key, or raises the refusal itself
+        return _plan_key_reference(draft, upstream)
+
+
+def _plan_key_reference(draft: NodeDraft, upstream: Mapping[str, str]) -> str:
+    # The generic construction: the whole content document walked and encoded by canonical.key. It is the
+    # definition _canon.plan_key must equal, and the path every refusal is raised from (same code, same message).
     inputs: dict[str, Any] = {}
     for i, inp in enumerate(draft.material.inputs):
         if isinstance(inp, Literal):

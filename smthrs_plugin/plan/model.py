@@ -67,6 +67,7 @@ RuntimeStrategy = t.Literal["delay-rebase", "stop-merge"]
 BoundaryMode = t.Literal["hard", "expected"]
 
 _UNSET: Any = object()
+_SAFE_INT = 2**53 - 1
 
 
 def _absent(v: object) -> bool:
@@ -75,6 +76,14 @@ def _absent(v: object) -> bool:
 
 def _plain_json(value: Any, what: str) -> Any:
     """Check that ``value`` has a canonical JSON form and return a private deep copy (tuples become lists)."""
+    t = type(value)
+    if (
+        (t is str and value.isascii())
+        or value is None
+        or t is bool
+        or (t is int and -_SAFE_INT <= value <= _SAFE_INT)
+    ):
+        return value  # a scalar canonical_bytes accepts as is (an ASCII string cannot hold a lone surrogate)
     try:
         canonical_bytes(value)
     except CanonicalError as exc:
@@ -396,7 +405,8 @@ def _node_id(v: Any) -> str:
         raise PlanError("invalid_node", f"node id {v!r} must be a non-empty string, e.g. 'build'")
     if "\x00" in v:
         raise PlanError("invalid_node", f"node id {v!r} contains a NUL character; choose a printable id")
-    _plain_json(v, f"node id {v!r}")
+    if not v.isascii():  # an ASCII id is plain JSON as is; skip building the message
+        _plain_json(v, f"node id {v!r}")
     return v
 
 
@@ -428,8 +438,11 @@ class NodeDraft(_PlanModel):
 
     def dependencies(self) -> tuple[str, ...]:
         """Material dependencies (Ref and Pending), unique, in input order."""
+        inputs = self.material.inputs
+        if type(inputs) is tuple and not inputs:
+            return ()
         seen: dict[str, None] = {}
-        for i in self.material.inputs:
+        for i in inputs:
             if not isinstance(i, Literal):
                 seen.setdefault(i.from_, None)
         return tuple(seen)
@@ -523,6 +536,16 @@ class Plan(_PlanModel):
 
 # ------------------------------------------------------------------------------------------- constructor
 
+#: The declaration of a node without file effects, one per boundary mode, validated once and shared: an
+#: ``Effects`` is immutable (frozen, tuples of frozen entries), and most nodes of a large plan have none.
+_NO_EFFECTS: dict[str, Effects] = {m: Effects(boundary_mode=m) for m in ("hard", "expected")}
+
+
+def _nothing(entries: Any) -> bool:
+    # Only an empty tuple or list: "" is not "no entries" (it is refused as an empty path), a generator is
+    # consumed by validation.
+    return type(entries) in (tuple, list) and not entries
+
 
 def node(
     id: str,
@@ -559,16 +582,22 @@ def node(
             material["body"] = body
         if nondeterministic is not None:
             material["nondeterministic"] = nondeterministic
-        effects: dict[str, Any] = {
-            "reads": reads,
-            "writes": writes,
-            "removes": removes,
-            "boundary_mode": boundary,
-        }
+        key_material = KeyMaterial(**material)  # validated first: its refusal wins over an effects refusal
+        effects: Effects | None = None
+        if _nothing(reads) and _nothing(writes) and _nothing(removes) and type(boundary) is str:
+            effects = _NO_EFFECTS.get(boundary)
+        if effects is None:
+            declared: dict[str, Any] = {
+                "reads": reads,
+                "writes": writes,
+                "removes": removes,
+                "boundary_mode": boundary,
+            }
+            effects = Effects(**declared)
         data: dict[str, Any] = {
             "id": id,
-            "material": KeyMaterial(**material),
-            "effects": Effects(**effects),
+            "material": key_material,
+            "effects": effects,
             "kind": kind,
             "priority": priority,
             "conflict_strategy": conflict,

@@ -1,0 +1,285 @@
+"""Canonical JSON text of the documents compile hashes, written by composition instead of a generic walk. PURE.
+
+Invariant: every function here returns exactly the RFC 8785 text that ``canonical.canonical_bytes`` writes for
+the same document (decoded), or raises. It never returns a weaker or different form: whenever it cannot *prove*
+the bytes equal — a leaf of an unexpected type, an integer outside the safe range, a lone surrogate, a missing
+upstream key — it raises, and the caller recomputes through the reference path (``keys._plan_key_reference``,
+``compile._plan_digest_reference``), which returns the same key or raises the exact refusal it always raised.
+
+Why composition is exact: RFC 8785 is defined member by member — an object is its members sorted by key (UTF-16
+code units) and joined, an array its elements joined, each written independently of its context — so the text
+of a document is the concatenation of the texts of its parts. The skeletons spelled here (the plan key's
+``content`` document, ``material_body``, digest inputs and nodes) have fixed ASCII member names, written in
+sorted order. Leaves are written the way both the stdlib encoder and ``rfc8785`` write them: strings through
+the C ``encode_basestring`` (the stdlib's own ``ensure_ascii=False`` string encoder; lone surrogates refused
+first), safe ints as ``str(int)``. Free-form user values (bodies, literal values, approval/wait specs,
+capability groups) go through ``canonical_bytes`` itself, wrapped in as many one-element lists as they sit deep
+in the document, so its depth limit counts exactly as in a whole-document walk.
+
+Why it exists: a generic walk re-checks every node's whole document (and the digest re-walks all nodes at once);
+for 100,000 nodes that walk was most of compile's time (benchmarks/graph.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from json.encoder import encode_basestring
+from typing import Any
+
+from ..canonical import KEY_PREFIX, canonical_bytes
+from .fileset import entry_json
+from .model import Literal, Pending, Ref
+
+__all__ = ["Slow", "text", "value", "entry_list", "effects", "plan_key", "digest_node", "digest"]
+
+_SAFE_INT = 2**53 - 1
+
+
+class Slow(Exception):
+    """The fast path cannot prove its text equals the reference's; recompute through the reference path."""
+
+
+def text(s: Any) -> str:
+    """Canonical text of a string leaf."""
+    if type(s) is not str:
+        raise Slow
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Slow from None
+    return encode_basestring(s)
+
+
+def value(v: Any, depth: int) -> str:
+    """Canonical text of a plain-JSON value nested ``depth`` containers deep in its document."""
+    tv = type(v)
+    if tv is str:
+        return text(v)
+    if tv is int:
+        if -_SAFE_INT <= v <= _SAFE_INT:
+            return str(v)
+        raise Slow
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    wrapped = v
+    for _ in range(depth):
+        wrapped = [wrapped]
+    raw = canonical_bytes(wrapped)
+    return raw[depth : len(raw) - depth].decode("utf-8")
+
+
+def entry_list(entries: Any) -> list[Any]:
+    """Entry sets are sets: sorted and unique, so declaration order is not identity. Entry JSON is only strings
+    and string lists, so sorted-keys ``json.dumps`` is an injective total order (cheaper than RFC 8785 bytes)."""
+    if not entries:
+        return []
+    by_text = {json.dumps(j, sort_keys=True, ensure_ascii=False): j for j in (entry_json(e) for e in entries)}
+    return [by_text[b] for b in sorted(by_text)]
+
+
+def _strings(items: Any) -> str:
+    if type(items) is not list:
+        raise Slow
+    return "[" + ",".join([text(x) for x in items]) + "]"
+
+
+def _entry(j: dict[str, Any]) -> str:
+    # the three shapes entry_json writes, members in sorted order
+    if len(j) == 2 and "path" in j:
+        return '{"kind":' + text(j["kind"]) + ',"path":' + text(j["path"]) + "}"
+    exclude = '{"exclude":' + _strings(j["exclude"]) + "," if "exclude" in j else "{"
+    if len(j) != (3 if "exclude" in j else 2):
+        raise Slow
+    return exclude + '"include":' + _strings(j["include"]) + ',"kind":' + text(j["kind"]) + "}"
+
+
+def _entries(entries: Any) -> str:
+    if not entries:
+        return "[]"
+    return "[" + ",".join([_entry(j) for j in entry_list(entries)]) + "]"
+
+
+_EMPTY_EFFECTS = {
+    mode: f'{{"boundaryMode":"{mode}","reads":[],"removes":[],"writes":[]}}' for mode in ("hard", "expected")
+}
+
+
+def effects(e: Any) -> str:
+    """Canonical text of ``keys.effects_json(e)``."""
+    reads, writes, removes, mode = e.reads, e.writes, e.removes, e.boundary_mode
+    if not reads and not writes and not removes and type(mode) is str and mode in _EMPTY_EFFECTS:
+        return _EMPTY_EFFECTS[mode]
+    return (
+        '{"boundaryMode":'
+        + text(mode)
+        + ',"reads":'
+        + _entries(reads)
+        + ',"removes":'
+        + _entries(removes)
+        + ',"writes":'
+        + _entries(writes)
+        + "}"
+    )
+
+
+#: ``,"nodeKind":…,"tier":…,"version":…}`` by (kind, tier, version): the tail of most material bodies. Bounded,
+#: since a draft that bypassed validation could carry any strings there.
+_TAILS: dict[tuple[str, str, str], str] = {}
+
+
+def _material_body(draft: Any, m: Any, eff: str) -> str:
+    # members in sorted order: approval?, declaration, effects, nodeKind, nondeterministic?, tier, version, wait?
+    approval, kind, tier, version, nondeterministic, wait = (
+        draft.approval,
+        draft.kind,
+        m.tier,
+        m.version,
+        m.nondeterministic,
+        draft.wait,
+    )
+    head = (
+        '{"approval":' + value(approval, 2) + ',"declaration":' if approval is not None else '{"declaration":'
+    )
+    if (
+        nondeterministic is None
+        and wait is None
+        and type(kind) is str
+        and type(tier) is str
+        and type(version) is str
+    ):
+        tail = _TAILS.get((kind, tier, version))
+        if tail is None:
+            tail = ',"nodeKind":' + text(kind) + ',"tier":' + text(tier) + ',"version":' + text(version) + "}"
+            if len(_TAILS) < 64:
+                _TAILS[(kind, tier, version)] = tail
+    else:
+        tail = ',"nodeKind":' + text(kind)
+        if nondeterministic is not None:
+            tail += ',"nondeterministic":' + value(nondeterministic, 2)
+        tail += ',"tier":' + text(tier) + ',"version":' + text(version)
+        if wait is not None:
+            tail += ',"wait":' + value(wait, 2)
+        tail += "}"
+    return head + value(m.body, 2) + ',"effects":' + eff + tail
+
+
+def _path(path: Any) -> str:
+    if type(path) is not tuple:
+        raise Slow
+    return "[" + ",".join([text(seg) for seg in path]) + "]"
+
+
+def _input(inp: Any, upstream: Any, quoted: Any) -> str:
+    t = type(inp)
+    if t is Literal or (t is not Pending and t is not Ref and isinstance(inp, Literal)):
+        return '{"kind":"literal","value":' + value(inp.value, 3) + "}"
+    up = quoted.get(inp.from_)
+    if up is None:
+        up = upstream.get(inp.from_)
+        if up is None:
+            raise Slow
+        up = text(up)
+    if t is Pending or (t is not Ref and isinstance(inp, Pending)):
+        return '{"digest":' + up + ',"kind":"digest","reference":"pending"}'
+    if inp.path:
+        return (
+            '{"digest":' + up + ',"kind":"digest","path":' + _path(inp.path) + ',"reference":"ref-projected"}'
+        )
+    return '{"digest":' + up + ',"kind":"digest","reference":"ref"}'
+
+
+def plan_key(draft: Any, upstream: Any, eff: str, quoted: Any) -> str:
+    """``keys.plan_key(draft, upstream)`` with ``eff = effects(draft.effects)`` already written; ``quoted`` maps
+    some node ids to the JSON text of ``upstream[id]`` (written once by the caller, reused by every dependent)."""
+    m = draft.material
+    inputs = m.inputs
+    if not inputs:
+        members = ""
+    else:
+        parts = [f'"{i}":' + _input(inp, upstream, quoted) for i, inp in enumerate(inputs)]
+        if len(parts) > 10:
+            # members order by key text ("10" before "2"); a quote sorts below every digit, so sorting the
+            # written members orders them by key
+            parts.sort()
+        members = ",".join(parts)
+    caps_in, layers_in = m.capabilities, m.layers
+    caps = "{}" if type(caps_in) is dict and not caps_in else value(m.normalized_capabilities(), 1)
+    if type(layers_in) is tuple and not layers_in:
+        layers = "[]"
+    else:
+        layers = "[" + ",".join([text(x) for x in m.normalized_layers()]) + "]"
+    doc = (
+        '{"body":'
+        + _material_body(draft, m, eff)
+        + ',"capabilities":'
+        + caps
+        + ',"inputs":{'
+        + members
+        + '},"kind":"content","layers":'
+        + layers
+        + "}"
+    )
+    return KEY_PREFIX + hashlib.sha256(doc.encode("utf-8")).hexdigest()
+
+
+def _priority(p: Any) -> str:
+    if type(p) is not int:
+        raise Slow
+    return str(p) if -_SAFE_INT <= p <= _SAFE_INT else '"' + str(p) + '"'
+
+
+def digest_node(node: Any, eff: str, ids: dict[str, str], key: str | None) -> str:
+    """Canonical text of ``compile._node_json(node)``; ``ids`` memoises the text of node ids; ``key`` is the
+    JSON text of ``node.key`` when the caller wrote it (None: written here)."""
+    deps = []
+    for x in node.depends_on:
+        t = ids.get(x) if type(x) is str else None
+        if t is None:
+            t = ids[x] = text(x)
+        deps.append(t)
+    conflicts = [
+        '{"runtime":' + text(c.runtime) + ',"strategy":' + text(c.strategy) + ',"with":' + text(c.with_) + "}"
+        for c in node.conflicts
+    ]
+    nid = node.id
+    it = ids.get(nid) if type(nid) is str else None
+    if it is None:
+        it = ids[nid] = text(nid)
+    d = node.draft
+    return (
+        '{"conflicts":['
+        + ",".join(conflicts)
+        + '],"dependsOn":['
+        + ",".join(deps)
+        + '],"effects":'
+        + eff
+        + ',"id":'
+        + it
+        + ',"key":'
+        + (text(node.key) if key is None else key)
+        + ',"kind":'
+        + text(d.kind)
+        + ',"priority":'
+        + _priority(d.priority)
+        + "}"
+    )
+
+
+def digest(plan_id: Any, flow: Any, nodes: list[str]) -> str:
+    """``compile.plan_digest`` over node texts written by :func:`digest_node`, in plan order."""
+    doc = (
+        '{"body":{"flow":'
+        + text(flow)
+        + ',"kind":"plan","plan_id":'
+        + text(plan_id)
+        + '},"capabilities":{},"inputs":{"nodes":['
+        + ",".join(nodes)
+        + ']},"kind":"content","layers":[]}'
+    )
+    return KEY_PREFIX + hashlib.sha256(doc.encode("utf-8")).hexdigest()

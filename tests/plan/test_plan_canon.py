@@ -1,0 +1,159 @@
+"""_canon writes the same canonical text as the generic reference path, or declines: a differential test.
+
+The plan key and plan digest are computed by composition (``plan/_canon.py``) with the generic
+``canonical.key`` walk kept as the reference (``keys._plan_key_reference``, ``compile._plan_digest_reference``).
+Every generated declaration must key identically on both paths, and a declaration the reference refuses must be
+refused by the public function with the reference's exact error.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import golden_plans
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import smthrs_plugin as sp
+from smthrs_plugin.canonical import MAX_DEPTH
+from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.plan import _canon
+from smthrs_plugin.plan.compile import _plan_digest_reference, plan_digest
+from smthrs_plugin.plan.keys import _plan_key_reference, plan_key
+
+_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=6)  # includes lone surrogates
+_keys = st.one_of(_text, st.sampled_from(["a", "é", "𝔸", "\ue000", "\uffff", "10", "2"]))
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**60), max_value=2**60),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _text,
+)
+_json = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(_keys, inner, max_size=3),
+        st.dictionaries(st.integers(0, 3), inner, max_size=1),  # non-str keys: refused
+    ),
+    max_leaves=8,
+)
+
+
+def _with(draft: sp.NodeDraft, **material: Any) -> sp.NodeDraft:
+    """``draft`` with key material replaced *without* validation: what a hostile or buggy caller could build."""
+    return draft.model_copy(update={"material": draft.material.model_copy(update=material)})
+
+
+def _same(public: Any, reference: Any, composed: Any) -> None:
+    """The public function returns what the reference returns, or raises its exact refusal (type, code,
+    message); and whenever the reference succeeds, the composed writer alone (no fallback) produced it."""
+    try:
+        want = reference()
+    except SmthrsError as exc:
+        with pytest.raises(type(exc)) as got:
+            public()
+        assert (got.value.code, got.value.message) == (exc.code, exc.message)
+        return
+    assert public() == want
+    assert composed() == want
+
+
+def _key(draft: sp.NodeDraft, up: dict[str, str]) -> None:
+    _same(
+        lambda: plan_key(draft, up),
+        lambda: _plan_key_reference(draft, up),
+        lambda: _canon.plan_key(draft, up, _canon.effects(draft.effects), {}),
+    )
+
+
+_UP = {"up": "key1_" + "a" * 64, "other": "key1_" + "b" * 64}
+_BASE = sp.node(
+    "n",
+    inputs=[sp.Pending("up"), sp.Ref("other"), sp.Ref("up", path=["value", "é"]), sp.Literal(1)],
+    writes=["out/", "src/**/*.py"],
+    reads=["src/a.py", "docs/"],
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=_json, literal=_json, approval=st.one_of(st.none(), st.dictionaries(_keys, _json, max_size=2)))
+def test_plan_key_equals_the_reference_for_any_body_literal_and_spec(
+    body: Any, literal: Any, approval: Any
+) -> None:
+    inputs = (*_BASE.material.inputs, sp.Literal.model_construct(value=literal))
+    draft = _with(_BASE, body=body, inputs=inputs).model_copy(update={"approval": approval})
+    _key(draft, _UP)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layers=st.lists(_text, max_size=4),
+    caps=st.dictionaries(_keys, st.lists(_text, max_size=3), max_size=3),
+    path=st.lists(_text, max_size=3),
+    nondeterministic=st.one_of(st.none(), st.booleans(), st.integers()),
+)
+def test_plan_key_equals_the_reference_for_any_layers_capabilities_and_paths(
+    layers: list[str], caps: dict[str, list[str]], path: list[str], nondeterministic: Any
+) -> None:
+    inputs = (
+        sp.Ref.model_construct(from_="up", path=tuple(path)),
+    ) * 12  # > 10 inputs: "10" sorts before "2"
+    draft = _with(
+        _BASE,
+        layers=tuple(layers),
+        capabilities={g: tuple(p) for g, p in caps.items()},
+        inputs=inputs,
+        nondeterministic=nondeterministic,
+    )
+    _key(draft, _UP)
+
+
+@pytest.mark.parametrize("extra", [-3, -2, -1, 0, 1])
+def test_the_depth_limit_counts_where_the_value_sits_in_the_whole_document(extra: int) -> None:
+    # a body sits 2 containers deep in the key document, a literal value 3: the limit must bite at the same depth
+    for depth_in_doc, make in (
+        (2, lambda v: _with(_BASE, body=v)),
+        (3, lambda v: _with(_BASE, inputs=(sp.Literal.model_construct(value=v),))),
+    ):
+        value: Any = 0
+        for _ in range(MAX_DEPTH - depth_in_doc + extra):
+            value = [value]
+        draft = make(value)
+        _key(draft, _UP)
+
+
+def test_a_missing_upstream_key_is_the_reference_refusal() -> None:
+    _key(_BASE, {"up": _UP["up"]})
+
+
+@pytest.mark.parametrize("seed", range(0, 240, 4))
+def test_plan_digest_equals_the_reference_on_generated_plans(seed: int) -> None:
+    for plan in golden_plans._plan_generations(random.Random(seed), seed):
+        assert plan.digest == _plan_digest_reference(plan.plan_id, plan.flow, plan.nodes)
+        for flow in ("é/𝔸", "bad\ud800", 'q"\\\n'):
+            _same(
+                lambda f=flow, p=plan: plan_digest(p.plan_id, f, p.nodes),
+                lambda f=flow, p=plan: _plan_digest_reference(p.plan_id, f, p.nodes),
+                lambda f=flow, p=plan: _canon.digest(
+                    p.plan_id,
+                    f,
+                    [_canon.digest_node(n, _canon.effects(n.effects), {}, None) for n in p.nodes],
+                ),
+            )
+
+
+def test_effects_text_equals_the_canonical_effects_json() -> None:
+    from smthrs_plugin.canonical import canonical_bytes
+    from smthrs_plugin.plan.keys import effects_json
+
+    rng = random.Random(7)
+    for _ in range(300):
+        reads = golden_plans._entries(rng, golden_plans._READS, 4)
+        writes = golden_plans._entries(rng, golden_plans._PRODUCED, 3)
+        effects = sp.node("e", reads=reads, writes=writes, boundary=rng.choice(["hard", "expected"])).effects
+        assert _canon.effects(effects) == canonical_bytes(effects_json(effects)).decode("utf-8")
