@@ -4,7 +4,9 @@ and plan schedulers from settings (DESIGN.md §2, "runtime").
 Invariants
 - Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults (SQLite at
   ``<workspace>/.smthrs/state.db``, artifacts under ``<workspace>/.smthrs/artifacts``). Bad settings are a typed
-  ``SettingsError``/``StoreError``/``ArtifactError`` raised by ``open_runtime`` before anything else happens.
+  ``SettingsError``/``StoreError``/``ArtifactError`` raised by ``open_runtime`` before anything else happens —
+  including a Prefect block that names the artifact store or the signing key (``settings``/``_blocks``): it is
+  loaded, and refused if unusable, before the workspace or the database is touched.
 - One workspace, one measurer: the dispatcher and every scheduler share it (its stat cache is what keeps
   re-measurement cheap).
 - Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
@@ -31,13 +33,14 @@ from ._clock import SYSTEM_CLOCK, Clock
 from ._metrics import NULL_METRICS, MetricsPort
 from .cache.bounds import SizeCaps
 from .cache.dispatch import CacheDispatcher
-from .cache.signing import trust_from_settings
+from .cache.signing import Trust, trust_from_settings
 from .codecs import CodecRegistry
 from .control.approvals import NodeGate
 from .control.control import Control
 from .engine.active_run import ActiveRun
 from .engine.context import RunCancelled, RunParked, RunReleased
 from .engine.fence import OwnerId, current_owner
+from .engine.flow_waits import HostWaker, set_default_host_waker
 from .engine.journal import Journal
 from .engine.liveness import LivenessCheck
 from .engine.ownership import Activated, Ownership, Terminal
@@ -131,6 +134,7 @@ class Runtime:
         metrics: MetricsPort,
         clock: Clock,
         plugins: Plugins | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.settings = settings
         # Plugins (hooks/, issue 6): the only place they are consulted is this composition root.
@@ -158,7 +162,7 @@ class Runtime:
             clock=clock,
             host_id=owner.host_id,
             # Publisher trust and size caps (issue 13) from SMTHRS_CACHE_* settings; see cache/signing.py.
-            trust=trust_from_settings(settings, self.workspace),
+            trust=trust if trust is not None else trust_from_settings(settings, self.workspace),
             size_caps=SizeCaps.from_settings(settings),
             revocation_refresh_s=settings.cache_revocation_refresh_s,
             codecs=self.codecs,
@@ -226,7 +230,9 @@ class Runtime:
     def control(self) -> Control:
         """The control plane over this runtime's database (plan cards, approvals, receipts; ``control/``), wired
         here: this process's owner (the one the schedulers claim with, so an admitted run is launched by its
-        admitter), the plugins' approval authority (default: only ``local/operator``) and liveness check."""
+        admitter), the plugins' approval authority (default: only ``local/operator``) and liveness check, and their
+        run waker (told after a decision, signal or cancellation commits: a parked Prefect deployment flow run is
+        resumed through the Prefect API)."""
         return Control(
             self.db,
             owner=self.owner,
@@ -235,6 +241,12 @@ class Runtime:
             settings=self.settings,
             journal=self.journal,
             clock=self.clock,
+            waker=self.plugins.host_waker(self.settings),
+            on_decided=(
+                self.plugins.notify_approval_decided
+                if self.plugins.has_observers("smthrs_approval_decided")
+                else None
+            ),
         )
 
     @property
@@ -260,6 +272,15 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime(workspace={str(self.workspace)!r}, db={self.db!r}, artifacts={self.artifacts!r})"
+
+
+def _process_host_waker() -> HostWaker | None:
+    """The process-wide plugins' run waker under this process's settings: what ``sp.complete`` tells a run's host
+    with when called without ``waker=`` (it has no runtime to ask; ``engine`` never calls the plugin manager)."""
+    return get_plugins().host_waker(load_settings())
+
+
+set_default_host_waker(_process_host_waker)
 
 
 _PROCESS_CODECS: dict[int, tuple[Plugins, CodecRegistry]] = {}
@@ -290,6 +311,7 @@ def open_runtime(
     clock: Clock = SYSTEM_CLOCK,
     plugins: Plugins | None = None,
     sqlite_synchronous: str | None = None,
+    artifacts_block: str | None = None,
 ) -> Runtime:
     """Open a runtime over ``workspace`` (default ``SMTHRS_WORKSPACE``, else the current directory). ``db`` and
     ``artifacts`` accept URLs (default: SQLite and local artifacts under ``<workspace>/.smthrs``);
@@ -297,7 +319,11 @@ def open_runtime(
     the lease); ``plugins`` defaults to the process-wide manager (built-ins + installed ``smthrs`` entry points).
     ``sqlite_synchronous`` (default ``SMTHRS_SQLITE_SYNCHRONOUS``, else ``"full"``) is the SQLite commit durability:
     ``"normal"`` trades power-loss durability of the last commits for one fsync less per commit (see
-    :func:`~smthrs_plugin.stores.database.open_database`)."""
+    :func:`~smthrs_plugin.stores.database.open_database`).
+    ``artifacts_block`` (default ``SMTHRS_ARTIFACTS_BLOCK``) names a saved Prefect block (``s3-bucket/<name>``) the
+    artifact store — and so the shared cache tier — is built from; ``artifacts_options`` are laid over its
+    options. ``artifacts`` beats ``SMTHRS_ARTIFACTS_BLOCK``, ``artifacts_block`` beats ``SMTHRS_ARTIFACTS_URL``; a
+    URL and a block at the same level are refused (see :mod:`~smthrs_plugin.settings`)."""
     settings = load_settings(
         workspace=workspace,
         db_url=db,
@@ -305,10 +331,15 @@ def open_runtime(
         artifacts_options=dict(artifacts_options) if artifacts_options is not None else None,
         host_id=host_id,
         sqlite_synchronous=sqlite_synchronous,
+        artifacts_block=artifacts_block,
     )
+    # Blocks are loaded (Prefect API) and refused here, before anything is written; the trust policy too, since
+    # its key may come from a Secret block.
+    location = settings.artifacts_location()
+    trust = trust_from_settings(settings, settings.workspace)
     settings.workspace.mkdir(parents=True, exist_ok=True)
     database = open_database(settings.resolved_db_url, sqlite_synchronous=settings.sqlite_synchronous)
-    store = ArtifactStore(settings.resolved_artifacts_url, settings.artifacts_options)
+    store = ArtifactStore(location.url, location.options)
     plugins = plugins if plugins is not None else get_plugins()
     return Runtime(
         settings,
@@ -319,4 +350,5 @@ def open_runtime(
         metrics=observed_metrics(metrics, plugins),
         clock=clock,
         plugins=plugins,
+        trust=trust,
     )

@@ -3,6 +3,17 @@
 Defaults are the embedded ones: SQLite at ``<workspace>/.smthrs/state.db`` and local artifacts under
 ``<workspace>/.smthrs/artifacts``. Ownership timings (SEMANTICS.md §5) are settings so that tests can shorten the
 stale window instead of sleeping 30 s.
+
+The artifact store is named by a URL (``SMTHRS_ARTIFACTS_URL``/``artifacts=``) or by a saved Prefect block
+(``SMTHRS_ARTIFACTS_BLOCK``/``artifacts_block=``, :mod:`._blocks`). Invariants:
+- An explicit argument beats the environment, whichever of the two it names: ``artifacts=`` wins over
+  ``SMTHRS_ARTIFACTS_BLOCK`` and ``artifacts_block=`` over ``SMTHRS_ARTIFACTS_URL``. A URL and a block at the same
+  level (both arguments, or both variables) are ambiguous and refused (``SettingsError``, reason ``conflict``) —
+  never resolved silently, since the loser would quietly receive nobody's artifacts.
+- Explicit storage options (``SMTHRS_ARTIFACTS_OPTIONS``/``artifacts_options=``) are laid over the block's, key by key.
+- Loading settings never contacts Prefect: the block is loaded only by :meth:`Settings.artifacts_location`, which
+  is what opens a store. :attr:`Settings.resolved_artifacts_url` refuses while a block is in effect, so a caller
+  that only knows URLs can never silently fall back to the local store.
 """
 
 from __future__ import annotations
@@ -15,9 +26,11 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ._blocks import ARTIFACTS_BLOCK_SETTING, ArtifactLocation, artifacts_from_block, block_error
 from .errors import SettingsError
 
 __all__ = [
+    "ArtifactLocation",
     "CacheSettings",
     "Settings",
     "SqliteSynchronous",
@@ -40,7 +53,8 @@ class CacheSettings(BaseSettings):
     :func:`load_cache_settings`, so a dispatcher built without a runtime does not fail on an unrelated setting).
 
     ``cache_signing_key`` (``SMTHRS_CACHE_SIGNING_KEY``): a private Ed25519 key file (PEM or raw) this machine signs
-    its shared entries with. ``cache_trusted_keys`` (``SMTHRS_CACHE_TRUSTED_KEYS``): comma-separated public keys
+    its shared entries with; or ``cache_signing_key_block`` (``SMTHRS_CACHE_SIGNING_KEY_BLOCK``): a Prefect ``Secret``
+    block (``secret/<name>`` or ``<name>``) holding that key (PEM or base64) — never both. ``cache_trusted_keys`` (``SMTHRS_CACHE_TRUSTED_KEYS``): comma-separated public keys
     (files, or inline base64/PEM) whose entries this machine serves. Neither set: a workspace key generated on
     first use under ``<workspace>/.smthrs/keys/``, trusted only by itself. Only trusted keys set: this machine
     reads the shared tier but never publishes to it. See :mod:`smthrs_plugin.cache.signing`.
@@ -53,12 +67,13 @@ class CacheSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SMTHRS_", extra="ignore", frozen=True)
 
     cache_signing_key: str | None = None
+    cache_signing_key_block: str | None = None
     cache_trusted_keys: str | None = None
     cache_max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     cache_max_step_bytes: int = DEFAULT_MAX_STEP_BYTES
     cache_revocation_refresh_s: float = 60.0
 
-    @field_validator("cache_signing_key", "cache_trusted_keys", mode="before")
+    @field_validator("cache_signing_key", "cache_signing_key_block", "cache_trusted_keys", mode="before")
     @classmethod
     def _blank_is_unset(cls, v: Any) -> Any:
         return None if isinstance(v, str) and not v.strip() else v
@@ -87,6 +102,9 @@ class Settings(CacheSettings):
     db_url: str | None = None
     artifacts_url: str | None = None
     artifacts_options: dict[str, Any] = Field(default_factory=dict)
+    #: A saved Prefect block (``<type slug>/<name>``, e.g. ``s3-bucket/team-cache``) the artifact store is built
+    #: from (module docstring: precedence); loaded only by :meth:`artifacts_location`.
+    artifacts_block: str | None = None
     host_id: str = Field(default_factory=socket.gethostname)
     #: SEMANTICS.md §5 constants; only tests should shorten them.
     heartbeat_interval_s: float = 1.0
@@ -116,6 +134,11 @@ class Settings(CacheSettings):
     def _lower_synchronous(cls, v: Any) -> Any:
         return _lower(v)
 
+    @field_validator("artifacts_url", "artifacts_block", mode="before")
+    @classmethod
+    def _blank_location_is_unset(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
     @field_validator("wait_budget_s")
     @classmethod
     def _non_negative(cls, v: float) -> float:
@@ -139,16 +162,63 @@ class Settings(CacheSettings):
         return self.db_url or f"sqlite:///{(self.state_dir / 'state.db').as_posix()}"
 
     @property
+    def effective_artifacts_block(self) -> str | None:
+        """The block that configures the artifact store (None: a URL or the local default), without loading it.
+        ``SettingsError`` (reason ``conflict``) when a URL and a block are both set (module docstring)."""
+        if self.artifacts_block is None:
+            return None
+        if self.artifacts_url is not None:
+            raise block_error(
+                "conflict",
+                self.artifacts_block,
+                ARTIFACTS_BLOCK_SETTING,
+                f"an artifact URL ({self.artifacts_url!r}) is set too, at the same level; keep one of them (unset"
+                " SMTHRS_ARTIFACTS_URL or SMTHRS_ARTIFACTS_BLOCK). An explicit argument (artifacts= or"
+                " artifacts_block=, --artifacts) overrides either variable",
+            )
+        return self.artifacts_block
+
+    @property
     def resolved_artifacts_url(self) -> str:
+        """The artifact URL when no block is in effect. Refuses while one is (use :meth:`artifacts_location`): a
+        URL-only caller must never quietly use the local store instead of the block's."""
+        block = self.effective_artifacts_block
+        if block is not None:
+            raise block_error(
+                "unsupported",
+                block,
+                ARTIFACTS_BLOCK_SETTING,
+                "this command reads the artifact store only from a URL; pass --artifacts URL (or artifacts=) or"
+                " unset the block",
+            )
         return self.artifacts_url or (self.state_dir / "artifacts").as_posix()
+
+    def artifacts_location(self) -> ArtifactLocation:
+        """Where the artifact store lives: the block's URL and storage options (loaded from Prefect now; typed
+        ``SettingsError`` naming it when it cannot be) with explicit ``artifacts_options`` laid over them, or the
+        URL setting / local default with ``artifacts_options``."""
+        block = self.effective_artifacts_block
+        if block is None:
+            return ArtifactLocation(self.resolved_artifacts_url, dict(self.artifacts_options))
+        loaded = artifacts_from_block(block)
+        return ArtifactLocation(loaded.url, {**loaded.options, **self.artifacts_options}, loaded.block)
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Environment + explicit overrides (``None`` overrides are ignored) → :class:`Settings`.
 
-    Raises :class:`SettingsError` naming the offending ``SMTHRS_*`` variable.
+    An explicit ``artifacts_url`` clears ``SMTHRS_ARTIFACTS_BLOCK`` and an explicit ``artifacts_block`` clears
+    ``SMTHRS_ARTIFACTS_URL`` (arguments beat the environment); both given explicitly is refused (reason
+    ``conflict``). Raises :class:`SettingsError` naming the offending ``SMTHRS_*`` variable.
     """
     given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("artifacts_url") is not None and given.get("artifacts_block") is not None:
+        raise block_error(
+            "conflict",
+            str(given["artifacts_block"]),
+            "artifacts_block",
+            f"artifacts={given['artifacts_url']!r} was given too; pass either an artifact URL or a block, not both",
+        )
     try:
         s = Settings(**given)
     except (ValidationError, json.JSONDecodeError) as exc:
@@ -157,7 +227,12 @@ def load_settings(**overrides: Any) -> Settings:
             f"invalid smthrs setting: {exc}. Check the SMTHRS_* environment variables and the arguments given.",
             cause=exc,
         ) from exc
-    return s.model_copy(update={"workspace": Path(s.workspace).resolve()})
+    update: dict[str, Any] = {"workspace": Path(s.workspace).resolve()}
+    if "artifacts_url" in given:
+        update["artifacts_block"] = None
+    elif "artifacts_block" in given:
+        update["artifacts_url"] = None
+    return s.model_copy(update=update)
 
 
 def load_cache_settings(**overrides: Any) -> CacheSettings:

@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 import smthrs_plugin as sp
 from smthrs_plugin.control.authority import DEFAULT_AUTHORITY
+from smthrs_plugin.engine.flow_waits import HostNotParked, HostWakeFailed, HostWoken, host_wake_json
 from smthrs_plugin.engine.liveness import LeaseLiveness, SameHostPidProbe
+from smthrs_plugin.engine.wait_records import Completed
 from smthrs_plugin.errors import PlanError, PluginError
 from smthrs_plugin.hooks import (
     Authorized,
@@ -275,7 +277,109 @@ def test_smthrs_plugins_lists_what_loaded_and_from_where() -> None:
     by_name = {p["name"]: p for p in info["plugins"]}
     assert by_name["smthrs-builtin"]["source"] == "builtin"
     assert by_name["prefect"]["distribution"] == "smthrs-plugin"
-    assert set(by_name["prefect"]["hooks"]) == {"smthrs_hosts", "smthrs_run_settled"}
+    assert set(by_name["prefect"]["hooks"]) == {"smthrs_hosts", "smthrs_run_settled", "smthrs_run_waker"}
     assert info["hosts"] == ["prefect"]
     text = CliRunner().invoke(app, ["plugins"])
     assert text.exit_code == 0 and "local (default)" in text.output
+
+
+# -- run wakers (smthrs_run_waker): a host that continues parked runs on its own is told after each commit -----
+
+
+class WakeRecorder:
+    """A host plugin that continues parked runs itself: records each run it is told about, with the run's journal
+    record types AS IT READ THEM (what had committed when it was called)."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.told: list[tuple[str, list[str]]] = []
+        self.fail = fail
+
+    @hookimpl
+    def smthrs_run_waker(self, settings: Any) -> Any:
+        return self.wake
+
+    def wake(self, run_id: str, journal: Any) -> Any:
+        self.told.append((run_id, [e.type for e in journal.read(run_id, limit=500)]))
+        if self.fail is not None:
+            raise self.fail
+        return HostWoken(run_id, "test-host", f"told {run_id}")
+
+
+def _run_with_request(rt: Any, run_id: str, request: str) -> Any:
+    rt.runs.create(run_id, "tests/waker")
+    control = rt.control()
+    control.approvals.register(run_id, request)
+    return control
+
+
+def test_a_run_waker_is_told_after_each_applied_decision_signal_and_cancellation_commits(ws: Path) -> None:
+    rec = WakeRecorder()
+    plugins = new_plugins(entry_points=False, extra=[rec])
+    with sp.open_runtime(ws, plugins=plugins) as rt:
+        control = _run_with_request(rt, "w1", "deploy")
+        assert control.last_host_wake() is None
+        assert isinstance(control.approve(control.pending_requests("w1")[0]), sp.Accepted)
+        assert rec.told[-1][0] == "w1" and "control.approval.approved" in rec.told[-1][1]  # after the commit
+        assert control.last_host_wake() == HostWoken("w1", "test-host", "told w1")
+        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.Accepted)
+        assert "control.signal.delivered" in rec.told[-1][1]
+        # A retry of the same signal replays its receipt and asks the host again (it may have been unreachable).
+        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.AlreadyApplied)
+        assert len(rec.told) == 3
+        done = sp.complete("w1", "other", 2, db=rt.db, waker=plugins.host_waker(rt.settings))
+        assert isinstance(done, Completed) and "deferred-completed" in rec.told[-1][1]
+        assert isinstance(control.cancel("w1"), sp.Accepted)
+        assert "control.run.cancel-requested" in rec.told[-1][1]
+        assert len(rec.told) == 5
+        # Refused or settled: nothing changed, nobody is told.
+        assert isinstance(control.signal("w1", "late", 1), sp.Terminal) and control.last_host_wake() is None
+        assert len(rec.told) == 5
+
+
+def test_a_failing_run_waker_is_reported_and_logged_while_the_decision_stands(
+    ws: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.flow_waits")
+    rec = WakeRecorder(fail=ConnectionError("prefect is down"))
+    plugins = new_plugins(entry_points=False, extra=[rec])
+    with sp.open_runtime(ws, plugins=plugins) as rt:
+        control = _run_with_request(rt, "w2", "deploy")
+        assert isinstance(control.approve(control.pending_requests("w2")[0]), sp.Accepted)
+        wake = control.last_host_wake()
+        assert isinstance(wake, HostWakeFailed) and isinstance(wake.cause, ConnectionError)
+        assert "prefect is down" in wake.detail and wake.host.startswith("WakeRecorder")
+        assert control.pending_requests("w2") == []  # the decision is durable whatever the host said
+    assert "could not be told" in caplog.text and "prefect is down" in caplog.text
+
+
+def test_a_run_waker_that_is_not_callable_is_invalid_plugin() -> None:
+    class Bad:
+        @hookimpl
+        def smthrs_run_waker(self, settings: Any) -> Any:
+            return "not a waker"
+
+    with pytest.raises(PluginError) as err:
+        new_plugins(entry_points=False, extra=[Bad()]).host_waker(load_settings())
+    assert err.value.code == "invalid_plugin" and "smthrs_run_waker" in err.value.message
+    assert new_plugins(entry_points=False).host_waker(load_settings()) is None  # no host: nobody to tell
+
+
+def test_the_prefect_waker_leaves_a_run_without_a_deployment_flow_run_to_a_worker(ws: Path) -> None:
+    with sp.open_runtime(ws) as rt:  # the process-wide plugins: the Prefect host's waker
+        rt.runs.create("w3", "tests/waker")
+        wake = rt.plugins.host_waker(rt.settings)(  # type: ignore[misc]
+            "w3", rt.journal
+        )
+    assert isinstance(wake, HostNotParked) and wake.host is None and "smthrs worker" in wake.detail
+
+
+def test_a_host_wake_answers_plain_json_without_its_cause() -> None:
+    failed = HostWakeFailed("r", "prefect", "server down", ConnectionError("refused"))
+    assert host_wake_json(failed) == {
+        "type": "HostWakeFailed",
+        "run_id": "r",
+        "host": "prefect",
+        "detail": "server down",
+    }
+    assert host_wake_json(HostNotParked("r", None, "no host"))["host"] is None  # type: ignore[index]
+    assert host_wake_json(None) is None

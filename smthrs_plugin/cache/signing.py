@@ -18,6 +18,7 @@ Invariants
   configured                        behaviour
   ================================  ================================================================================
   ``SMTHRS_CACHE_SIGNING_KEY``      sign with it; trust it plus ``SMTHRS_CACHE_TRUSTED_KEYS``
+  ``SMTHRS_CACHE_SIGNING_KEY_BLOCK``  the same, the key read from a Prefect ``Secret`` block (never with the above)
   only ``SMTHRS_CACHE_TRUSTED_KEYS``  reader only: serve entries of those keys, never publish to the shared tier
   nothing                           a workspace key generated on first use under ``<workspace>/.smthrs/keys/``,
                                     trusted only by itself: a laptop-only user loses nothing; entries other
@@ -46,6 +47,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .._blocks import SIGNING_KEY_BLOCK_SETTING, block_error, secret_from_block
 from ..errors import CacheError, SettingsError
 from ..settings import CacheSettings
 
@@ -343,6 +345,9 @@ def trust_from_settings(settings: CacheSettings, workspace: str | os.PathLike[st
     configured key cannot be read."""
     signer: SigningKey | None = None
     trusted: tuple[PublicKey, ...] = ()
+    block = settings.cache_signing_key_block
+    if block is not None:
+        signer = _signing_key_from_block(block, settings.cache_signing_key)
     try:
         if settings.cache_signing_key is not None:
             signer = load_private_key(settings.cache_signing_key)
@@ -360,6 +365,24 @@ def trust_from_settings(settings: CacheSettings, workspace: str | os.PathLike[st
     if settings.cache_trusted_keys is not None:
         return Trust(None, trusted, "reader-only")
     return Trust(workspace_key(workspace), (), "workspace-default")
+
+
+def _signing_key_from_block(block: str, key_file: str | None) -> SigningKey:
+    """The publisher key held by the ``Secret`` block ``block`` (loaded through Prefect, :mod:`.._blocks`)."""
+    if key_file is not None:
+        # Two sources of one identity: refusing beats guessing which key the operator meant to publish under.
+        raise block_error(
+            "conflict",
+            block,
+            SIGNING_KEY_BLOCK_SETTING,
+            "SMTHRS_CACHE_SIGNING_KEY names a key file too; set only one of the two",
+        )
+    data = secret_from_block(block)
+    try:
+        return SigningKey.of(_private_from_bytes(data, f"the Secret block {block!r}"))
+    except CacheError as exc:
+        # The message names the block, never the value (``_private_from_bytes`` describes only its shape).
+        raise block_error("invalid_block", block, SIGNING_KEY_BLOCK_SETTING, exc.message) from None
 
 
 def shared_trust_warning(trust: Trust, shared_url: str, workspace: str | os.PathLike[str]) -> str | None:

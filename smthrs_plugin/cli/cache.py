@@ -84,8 +84,10 @@ def _open(
     from ..stores.database import open_database
 
     s = load_settings(workspace=workspace, db_url=db, artifacts_url=artifacts)
-    store = ArtifactStore(s.resolved_artifacts_url, s.artifacts_options)
-    shared_store = ArtifactStore(shared, s.artifacts_options) if shared else store
+    # SMTHRS_ARTIFACTS_BLOCK too: the location (URL + options) may come from a Prefect block (settings/_blocks).
+    location = s.artifacts_location()
+    store = ArtifactStore(location.url, location.options)
+    shared_store = ArtifactStore(shared, location.options) if shared else store
     trust = trust_from_settings(s, s.workspace) if trusted else None
     warning = None if trust is None else shared_trust_warning(trust, shared_store.url, s.workspace)
     return _Stores(

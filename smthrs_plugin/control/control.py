@@ -19,11 +19,16 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
   check proves the admitter dead; a released run; a run woken by a decision) and answers ``AlreadyApplied``.
 - **Decisions**: authorize (before any read or replay) → terminality (node) → replay → one transaction:
   ``Approvals.decide_in`` (token, checks, decision, grant, journal, resume delegation) + the receipt.
+- **The run's host is told after the commit.** A node decision or a cancellation that was applied
+  (``Accepted``, or ``AlreadyApplied`` for a retry) calls the injected ``waker`` (``engine.flow_waits.tell_host``;
+  the Prefect plugin resumes a parked flow run of a deployment), never inside the transaction and never turning
+  its failure into a refusal: the decision stands, :meth:`Control.last_host_wake` says what the host answered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +38,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import sha256_hex
 from ..engine.cancellation import cancel_run
 from ..engine.fence import OwnerId, bump_run, current_owner
+from ..engine.flow_waits import HostWake, HostWaker, tell_host
 from ..engine.journal import Journal
 from ..engine.liveness import LeaseLiveness, LivenessCheck
 from ..engine.runs import RunStore
@@ -76,7 +82,10 @@ class _Replay:
 class Control:
     """The control plane over one database. ``owner`` is this process incarnation (it must be the owner the launcher's
     runtime claims with); ``authority`` decides who may approve (default: only ``local/operator``); ``liveness``
-    judges an orphaned admission's claimant (default: the lease)."""
+    judges an orphaned admission's claimant (default: the lease); ``waker`` tells a run's host that a decision,
+    signal or cancellation changed the run (default: none — ``Runtime.control()`` passes the plugins');
+    ``on_decided(**fact)`` observes each approval/denial after its commit (the ``smthrs_approval_decided`` hook's
+    keywords; ``Runtime.control()`` passes the plugins' observers)."""
 
     def __init__(
         self,
@@ -88,8 +97,14 @@ class Control:
         settings: Settings | None = None,
         journal: Journal | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        waker: HostWaker | None = None,
+        on_decided: Callable[..., None] | None = None,
     ) -> None:
         self.db = db
+        self.waker = waker
+        self.on_decided = on_decided
+        # Per calling thread: one Control serves all of `smthrs serve`'s request threads.
+        self._woke = threading.local()
         self.settings = settings or load_settings()
         self.clock = clock
         self.owner = owner or current_owner(self.settings)
@@ -377,6 +392,15 @@ class Control:
             target = PlanTarget(target.plan_id, target.digest, target.envelope)
         return self._decide("deny", target, None, idempotency_key, principal)
 
+    def last_host_wake(self) -> HostWake | None:
+        """What the run's host answered when this thread's last approve/deny/signal/cancel on this plane told it
+        (``HostWoken | HostNotParked | HostWakeFailed``); ``None`` when no host was told (no waker, a plan target,
+        a refusal, a settled run)."""
+        return getattr(self._woke, "outcome", None)
+
+    def _tell_host(self, run_id: str) -> None:
+        self._woke.outcome = tell_host(self.waker, run_id, self.journal)
+
     def _decide(
         self,
         action: Literal["approve", "deny"],
@@ -385,6 +409,7 @@ class Control:
         idempotency_key: str | None,
         principal: Principal,
     ) -> Receipt:
+        self._woke.outcome = None
         tgt: Target = target if isinstance(target, (PlanTarget, NodeTarget)) else target_from_json(target)
         body: dict[str, JSON] = {"target": tgt.to_json()}
         if scope is not None:
@@ -403,7 +428,9 @@ class Control:
                 return settled
         replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
         if replay is not None:
-            return decide_replay(replay.fingerprint, m.fingerprint, replay.receipt, operation=action)
+            return self._told(
+                tgt, decide_replay(replay.fingerprint, m.fingerprint, replay.receipt, operation=action)
+            )
         receipt_id = st.new_id("rcpt")
 
         def fn(conn: Connection) -> Receipt | _Replay:
@@ -414,15 +441,34 @@ class Control:
                 row = ln.run_row_in(conn, tgt.run_id)
                 if row is not None and row.status in TERMINAL_STATUSES:
                     return Terminal(tgt.run_id, row.status)
-            token, _ = self.approvals.decide_in(conn, action, tgt, principal, scope)
+            token, decision = self.approvals.decide_in(conn, action, tgt, principal, scope)
+            decided.append((token, decision))
             receipt = Accepted(receipt_id, token.run_id)
             st.insert_receipt_in(conn, m.durable_key, action, m.fingerprint, receipt, self.clock.now_ms())
             return receipt
 
+        decided: list[tuple[st.TokenRow, st.DecisionRow]] = []
         out = self.db.write(fn)
         if isinstance(out, _Replay):
-            return decide_replay(out.row.fingerprint, m.fingerprint, out.row.receipt, operation=action)
-        return out
+            return self._told(
+                tgt, decide_replay(out.row.fingerprint, m.fingerprint, out.row.receipt, operation=action)
+            )
+        if isinstance(out, Accepted) and decided and self.on_decided is not None:
+            token, decision = decided[-1]  # the committed attempt (a serialization retry re-ran fn)
+            # After the commit, once: observers (Prefect events) report a durable fact and never change it.
+            self.on_decided(
+                run_id=token.run_id, plan_id=token.plan_id, flow=token.flow_id, request_id=token.request_id,
+                token_id=token.token_id, digest=token.digest, envelope=dict(token.envelope.to_json()),
+                decision=decision.decision, principal=str(decision.principal), scope=decision.scope,
+            )  # fmt: skip
+        return self._told(tgt, out)
+
+    def _told(self, target: Target, receipt: Receipt) -> Receipt:
+        """After the commit: a node decision applied (or replayed: a retry re-asks a host it could not reach)
+        tells the run's host; a plan decision has no run yet."""
+        if isinstance(target, NodeTarget) and isinstance(receipt, (Accepted, AlreadyApplied)):
+            self._tell_host(target.run_id)
+        return receipt
 
     def _terminal(self, run_id: str) -> Terminal | None:
         row = self.db.read(lambda c: ln.run_row_in(c, run_id))
@@ -442,6 +488,7 @@ class Control:
         """Cancel a run and its live descendants. Never replays: a second ask reads the run again (``Terminal`` once
         it settled). A parked or pending run settles ``cancelled`` at once; a running one at its owner's next
         heartbeat."""
+        self._woke.outcome = None
         body: dict[str, JSON] = {"runId": run_id}
         if reason is not None:
             body["reason"] = reason
@@ -469,7 +516,10 @@ class Control:
             requested = getattr(report.root, "requested_at_ms", now)
             return Accepted(f"cancel:{run_id}:{requested}", run_id)
 
-        return self.db.write(fn)
+        out = self.db.write(fn)
+        if isinstance(out, Accepted):
+            self._tell_host(run_id)  # a host holding the parked run executes it again, and finds it cancelled
+        return out
 
     def resume(
         self,
@@ -566,5 +616,10 @@ class Control:
 
 def _derived_key(action: str, target: Target) -> str:
     """``<action>:<target>:<digest>``, hashed when it would exceed the 1,024-character key bound."""
-    key = f"{action}:{target.name}:{target.digest}"
+    return _hashed_key(f"{action}:{target.name}:{target.digest}")
+
+
+def _hashed_key(key: str) -> str:
+    """``key``, or ``<operation>:sha256-<hex>`` of it when it would exceed the 1,024-character key bound."""
+    action = key.partition(":")[0]
     return key if len(key) <= 1024 else f"{action}:sha256-{sha256_hex(key.encode('utf-8'))}"

@@ -18,13 +18,24 @@ Invariants:
   control-flow exception from inside the wait.
 - Unnamed waits are named ``sleep:<n>`` / by order of call within one drive, so a flow must call its unnamed
   waits in the same order on every re-execution (as in Temporal); name them when that does not hold (threads).
+- **Telling the run's host.** A run parked inside a host that continues it on its own (a Prefect deployment's
+  flow run, ``hosts/_deployment.py``) must hear that its wait was answered. Whoever answers it (``complete``
+  here, the control plane's approve/deny/signal/cancel) calls a :data:`HostWaker` AFTER its commit, through
+  :func:`tell_host`: the answer is durable whatever the host says, a host that cannot be reached is a
+  :class:`HostWakeFailed` logged with its cause (the run stays woken for any ``smthrs worker``), never an
+  exception that would read as "the answer was not recorded". Core code never picks the waker: the composition
+  root injects it (``Control(waker=...)``; :func:`set_default_host_waker` for ``complete`` called without one).
 
 Prior art: Temporal's ``workflow.sleep`` / signals, the reference driver's deferreds and clocks (seed 004).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,11 +43,29 @@ from ..errors import WaitError
 from ..settings import load_settings
 from ..stores.database import Database, open_database
 from .context import DEFAULT_BUS, RunContext, RunParked, check_wait_allowed, current_run, maybe_current_run
+from .journal import Journal
 from .wait_records import ClockRecord, Completed, DeferredRecord, Existing, NotFound, deferred_token
 from .waits import WaitStore
 from .wakebus import WakeBus, Woken
 
-__all__ = ["sleep", "sleep_until", "wait_for", "complete", "deadline_ms"]
+__all__ = [
+    "sleep",
+    "sleep_until",
+    "wait_for",
+    "complete",
+    "deadline_ms",
+    "HostWoken",
+    "HostNotParked",
+    "HostWakeFailed",
+    "HostWake",
+    "HostWaker",
+    "host_wake_json",
+    "tell_host",
+    "set_default_host_waker",
+    "default_host_waker",
+]
+
+log = logging.getLogger(__name__)
 
 
 def deadline_ms(when: datetime | str) -> int:
@@ -159,10 +188,14 @@ def complete(
     *,
     db: Database | str | None = None,
     bus: WakeBus | None = None,
+    waker: HostWaker | None = None,
 ) -> Completed[DeferredRecord] | Existing[DeferredRecord]:
     """Complete the deferred ``name`` of run ``run_id`` with ``value`` (plain JSON). First writer wins: the
     second caller gets ``Existing`` with the first value. A run parked on it is woken in the same transaction;
-    in-process waiters are woken on ``bus`` (default: the process-wide bus) after the commit.
+    after the commit, in-process waiters are woken on ``bus`` (default: the process-wide bus) and the run's host
+    is told through ``waker`` (default: :func:`default_host_waker`, the installed plugins' — so a parked flow run
+    of a Prefect deployment is resumed through the Prefect API). A host that cannot be reached is logged with its
+    cause (:func:`tell_host`); the completion stands and any ``smthrs worker`` still continues the run.
 
     ``db``: a :class:`Database` or URL; default: the current run's database inside a run, else ``SMTHRS_DB_URL``
     (``<workspace>/.smthrs/state.db``)."""
@@ -176,4 +209,105 @@ def complete(
     outcome = store.complete_deferred(run_id, name, value, wake=True)
     if isinstance(outcome, Completed):
         (bus or DEFAULT_BUS).wake(run_id)
+        # Told whether or not this transaction woke the run: a flow run that parks right after this commit finds
+        # the completion on its own re-check, one already parked is resumed here — the host ignores a second ask.
+        tell_host(waker if waker is not None else default_host_waker(), run_id, store.journal)
+    return outcome
+
+
+# -- telling a run's host that its wait was answered ----------------------------------------------------------
+@dataclass(frozen=True)
+class HostWoken:
+    """The run's host was told and will execute the run again (``detail``: e.g. the flow run scheduled now)."""
+
+    run_id: str
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class HostNotParked:
+    """Nothing to tell: no host continues this run on its own (``host`` None — a ``smthrs worker`` or a resume
+    drives it), or the host's execution is not parked (already running again, or about to)."""
+
+    run_id: str
+    host: str | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class HostWakeFailed:
+    """The host could not be told (``detail`` says why and what to do). The answer is durable regardless."""
+
+    run_id: str
+    host: str
+    detail: str
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+
+HostWake = HostWoken | HostNotParked | HostWakeFailed
+
+
+def host_wake_json(wake: HostWake | None) -> dict[str, Any] | None:
+    """The plain-JSON form of a wake outcome for answers (CLI ``--json``, ``smthrs serve``): ``{"type", "run_id",
+    "host", "detail"}`` (the cause is in ``detail``; the exception object itself is never serialised)."""
+    if wake is None:
+        return None
+    return {"type": type(wake).__name__, "run_id": wake.run_id, "host": wake.host, "detail": wake.detail}
+
+
+#: ``waker(run_id, journal) -> HostWake``: tell the host of ``run_id`` that the run's durable state changed (a wait
+#: answered, a cancellation) so it executes the run again. Called after the commit, never inside a transaction;
+#: ``journal`` is the run's database journal (where a host finds which of its executions the run is).
+HostWaker = Callable[[str, Journal], HostWake]
+
+_DEFAULT_WAKER: Callable[[], HostWaker | None] | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def set_default_host_waker(factory: Callable[[], HostWaker | None] | None) -> None:
+    """Install what :func:`default_host_waker` answers (the composition root, ``runtime.py``, installs the
+    plugins' waker at import). ``None`` removes it."""
+    global _DEFAULT_WAKER
+    with _DEFAULT_LOCK:
+        _DEFAULT_WAKER = factory
+
+
+def default_host_waker() -> HostWaker | None:
+    """The process-wide waker used by :func:`complete` called without ``waker`` (``None``: none installed)."""
+    with _DEFAULT_LOCK:
+        factory = _DEFAULT_WAKER
+    return None if factory is None else factory()
+
+
+def tell_host(waker: HostWaker | None, run_id: str, journal: Journal) -> HostWake | None:
+    """Call ``waker`` for ``run_id`` after a commit (``None`` when there is no waker). A waker that raises is
+    answered :class:`HostWakeFailed` carrying the exception; every failure is logged at WARNING with its cause —
+    the committed answer stands, and the caller reports the failure rather than raising it."""
+    if waker is None:
+        return None
+    try:
+        outcome = waker(run_id, journal)
+    except Exception as exc:  # reported below and answered: the durable decision must not read as refused
+        outcome = HostWakeFailed(
+            run_id,
+            getattr(waker, "host", None) or type(waker).__name__,
+            f"the host waker raised {type(exc).__name__}: {exc}",
+            exc,
+        )
+    if not isinstance(outcome, (HostWoken, HostNotParked, HostWakeFailed)):
+        outcome = HostWakeFailed(
+            run_id,
+            getattr(waker, "host", None) or type(waker).__name__,
+            f"the host waker answered {outcome!r}, not HostWoken | HostNotParked | HostWakeFailed",
+        )
+    if isinstance(outcome, HostWakeFailed):
+        log.warning(
+            "run %s: its wait was answered (durably), but its %s host could not be told: %s. A `smthrs worker "
+            "--flow MODULE:FLOW` registering its flow continues it meanwhile",
+            run_id,
+            outcome.host,
+            outcome.detail,
+            exc_info=outcome.cause,
+        )
     return outcome

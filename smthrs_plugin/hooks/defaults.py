@@ -6,6 +6,9 @@ answers a ``firstresult`` hook overrides them.
 - approval authority: ``control.authority.DEFAULT_AUTHORITY`` — only principal ``local/operator`` may decide
   (seeds/001 "Who may decide"; delegations are ``control.authority.DelegatedAuthority``).
 
+No run waker is built in (``smthrs_run_waker``): a run no plugin's host continues on its own is continued by a
+``smthrs worker`` or a resume, which read the durable wake themselves.
+
 Hosts are not built in here: without a selecting provider the scheduler keeps its local thread pool, and the
 Prefect host is itself a plugin announced by this distribution's own ``smthrs`` entry point (``hosts`` sits above
 ``hooks`` in the layering, so it is discovered, never imported from here).

@@ -9,7 +9,8 @@ Invariants
 - One process-wide manager (:func:`get_plugins`), loaded on first use (entry-point discovery costs ~20 ms, so
   ``smthrs --help`` never pays it). Tests build private ones with :func:`new_plugins`.
 - Answers are validated where they enter: a host provider without ``select``, an action that is not callable, a
-  runtime default outside :data:`~.specs.RUNTIME_DEFAULT_KEYS`, are typed errors naming the plugin.
+  runtime default outside :data:`~.specs.RUNTIME_DEFAULT_KEYS`, a run waker that is not callable, are typed
+  errors naming the plugin.
 - Observers are fanned out by :meth:`Plugins.notify_*`; an observer that raises is logged with its traceback and
   the others still run (telemetry must not break the work it observes).
 """
@@ -26,6 +27,8 @@ from typing import Any
 import pluggy
 
 from ..codecs import CodecRegistry, builtin_codecs
+from ..engine.flow_waits import HostNotParked, HostWake, HostWakeFailed, HostWaker
+from ..engine.journal import Journal
 from ..engine.liveness import LivenessCheck
 from ..errors import PluginError
 from ..scheduler.host import Host
@@ -194,6 +197,25 @@ class Plugins:
         self._actions = merged
         return merged
 
+    def host_waker(self, settings: Settings) -> HostWaker | None:
+        """One waker over every plugin's ``smthrs_run_waker`` answer (``None`` when no plugin offers one): asked in
+        priority order, the first answer other than ``HostNotParked`` wins (a run has one host). A waker that
+        raises answers ``HostWakeFailed`` naming its plugin, with the exception as the cause."""
+        wakers: list[tuple[str, HostWaker]] = []
+        for impl in _impls(self.pm, "smthrs_run_waker"):
+            answer = impl.function(settings=settings)
+            if answer is None:
+                continue
+            if not callable(answer):
+                raise PluginError(
+                    "invalid_plugin",
+                    f"plugin {impl.plugin_name!r}: smthrs_run_waker returned {answer!r}, which is not callable "
+                    "(it must be waker(run_id, journal) -> HostWoken | HostNotParked | HostWakeFailed)",
+                    plugin=impl.plugin_name,
+                )
+            wakers.append((impl.plugin_name, answer))
+        return _MergedWaker(tuple(wakers)) if wakers else None
+
     def runtime_defaults(self, settings: Settings) -> dict[str, Any]:
         """Merged runtime defaults; a higher-priority plugin's key wins."""
         out: dict[str, Any] = {}
@@ -251,6 +273,10 @@ class Plugins:
     def notify_run_settled(self, run_id: str, report: Report) -> None:
         self._notify("smthrs_run_settled", run_id=run_id, report=report)
 
+    def notify_approval_decided(self, **fact: Any) -> None:
+        """Tell the ``smthrs_approval_decided`` observers (``Control``'s ``on_decided``; keywords as the hookspec)."""
+        self._notify("smthrs_approval_decided", **fact)
+
     def _notify(self, hook: str, **kwargs: Any) -> None:
         for impl in _impls(self.pm, hook):
             try:
@@ -262,6 +288,27 @@ class Plugins:
 
     def __repr__(self) -> str:
         return f"Plugins({[n for n, _ in self.pm.list_name_plugin()]})"
+
+
+@dataclass(frozen=True)
+class _MergedWaker:
+    """The plugins' run wakers as one (see :meth:`Plugins.host_waker`)."""
+
+    wakers: tuple[tuple[str, HostWaker], ...]
+
+    def __call__(self, run_id: str, journal: Journal) -> HostWake:
+        last: HostWake = HostNotParked(run_id, None, "no plugin's host continues this run on its own")
+        for plugin, waker in self.wakers:
+            try:
+                outcome = waker(run_id, journal)
+            except Exception as exc:  # answered, not raised: the caller's decision is already committed
+                return HostWakeFailed(
+                    run_id, plugin, f"plugin {plugin!r}'s run waker raised {type(exc).__name__}: {exc}", exc
+                )
+            if not isinstance(outcome, HostNotParked):
+                return outcome
+            last = outcome
+        return last
 
 
 # ------------------------------------------------------------------------------------------------ loading

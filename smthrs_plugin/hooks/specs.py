@@ -29,6 +29,7 @@ import pluggy
 
 from ..codecs import ValueCodec
 from ..control import authority as _control_authority
+from ..engine.flow_waits import HostWake, HostWaker
 from ..engine.liveness import LivenessCheck
 from ..scheduler.host import Host
 from ..scheduler.model import Report, Settlement
@@ -48,6 +49,8 @@ __all__ = [
     "AuthorityVerdict",
     "ApprovalAuthority",
     "PlanAction",
+    "HostWake",
+    "HostWaker",
     "RUNTIME_DEFAULT_KEYS",
     "SmthrsSpecs",
 ]
@@ -142,6 +145,16 @@ class SmthrsSpecs:
         stored document (no pickle, no importing modules it names)."""
 
     @hookspec
+    def smthrs_run_waker(self, settings: Settings) -> HostWaker | None:
+        """How this plugin's host is told that a run's durable state changed — a wait answered (``smthrs approve``
+        / ``deny``, ``sp.complete``, ``Control.signal``) or a cancellation — so that a host which continues parked
+        runs on its own (the Prefect plugin: a flow run of a deployment) executes it again. ``waker(run_id,
+        journal) -> HostWake`` is called after the deciding commit, in whichever process decided (CLI, Python,
+        ``smthrs serve``); it answers ``HostNotParked`` for a run that is not its host's. Merged across plugins:
+        asked in priority order until one answers other than ``HostNotParked``. It must not raise for an
+        unreachable host: answer ``HostWakeFailed`` with the cause (a raise is turned into one and logged)."""
+
+    @hookspec
     def smthrs_runtime_defaults(self, settings: Settings) -> Mapping[str, Any] | None:
         """Defaults for schedulers opened without explicit values (keys: :data:`RUNTIME_DEFAULT_KEYS`)."""
 
@@ -155,6 +168,24 @@ class SmthrsSpecs:
     @hookspec
     def smthrs_cache_decision(self, decision: str) -> None:
         """The one cache decision of a dispatch counted in this process (``VerifiedHit``, ``Miss`` ...)."""
+
+    @hookspec
+    def smthrs_approval_decided(
+        self,
+        run_id: str | None,
+        plan_id: str | None,
+        flow: str | None,
+        request_id: str | None,
+        token_id: str,
+        digest: str,
+        envelope: Mapping[str, Any],
+        decision: str,
+        principal: str,
+        scope: str | None,
+    ) -> None:
+        """A plan card (``plan_id``) or a node request (``run_id`` + ``request_id``) was ``approved`` or ``denied``
+        by ``principal`` (``ID/KIND``); called after the deciding commit, in the process that decided (CLI, Python,
+        ``smthrs serve``). The Prefect plugin emits ``smthrs.approval.approved|denied``."""
 
     @hookspec
     def smthrs_run_settled(self, run_id: str, report: Report) -> None:

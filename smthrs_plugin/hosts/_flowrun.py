@@ -3,7 +3,10 @@ it, and what happens to both sides when it parks.
 
 Invariants
 - **One smthrs run per Prefect flow run**, bound on the flow run's first smthrs call (a step, a wait):
-  * *direct* (a script, a deployment or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
+  * *deployment* (the flow run has a ``deployment_id``: ``flow.serve()``'s runner or a work-pool worker runs it,
+    see ``_deployment.py``): as *direct* below, but Prefect itself executes the SAME flow run id again after a
+    park, and every execution claims the same run back (``prefect-<flow run id>``; never a fresh suffix).
+  * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
     ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
     :class:`~smthrs_plugin.engine.active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
     waits use). A state hook appended to the flow concludes it when the flow run ends (``completed``,
@@ -13,17 +16,22 @@ Invariants
   * *driven* (a :class:`~smthrs_plugin.engine.driver.RunDriver` drives a run of the flow: ``smthrs worker``,
     :func:`~smthrs_plugin.hosts.flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
     run context; the flow run binds to THAT run, and the driver concludes it.
-- **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters) in its run's journal
-  partition when it binds, once per flow run. The first record's parameters are what a driver calls the flow
-  with when it resumes the run; the later ones trace each incarnation. When a driver's flow run binds, the
-  earlier incarnations Prefect still shows *Paused* (``Parked``) are shown *Completed* (``Resumed``), naming the
-  flow run that continues them.
+- **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
+  ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.
+  The first record's parameters are what a driver calls the flow with when it resumes the run; the later ones
+  trace each incarnation; the latest tells the Prefect plugin's run waker which flow run to resume. When a
+  driver's flow run binds, the earlier incarnations Prefect still shows *Paused* (``Parked``) — or, for a
+  deployment, ``Scheduled`` to run again — are shown *Completed* (``Resumed``), naming the flow run that continues
+  them.
 - **Parking** (a wait beyond the in-process budget, a pending approval): the smthrs run is parked durably FIRST
   (direct: right at the wait, fenced; driven: by the driver, as for any flow), then the Prefect flow run is set
   *Paused* (state name ``Parked``, the message says what it waits for and how to resume) and the wait raises
   :class:`ParkedFlowRun` — both our ``RunParked`` and Prefect's ``Pause`` signal — so Prefect records Paused rather
-  than Crashed and the caller can ``except sp.RunParked``. A direct flow run whose parameters are not plain JSON
-  refuses to park (``WaitError(unresumable_flow)``): no driver could ever call it again.
+  than Crashed and the caller can ``except sp.RunParked``. A deployment's flow run is set to the state Prefect
+  continues on its own instead (``Scheduled`` at a timer's deadline, ``Paused`` with reschedule for an approval or
+  an event; ``_deployment.py``), and re-checks its wait once Prefect shows it, so an answer that arrived in between
+  is not lost. A direct flow run whose parameters are not plain JSON refuses to park
+  (``WaitError(unresumable_flow)``): no driver could ever call it again.
 
 Prior art: Temporal's workflow id (a run is keyed by the caller, incarnations are runs of it); Prefect's own
 ``suspend_flow_run`` (a Paused state plus a ``Pause`` signal), which needs a deployment to come back — ours needs
@@ -48,10 +56,22 @@ from typing import Any
 from ..canonical import canonical_bytes
 from ..engine.active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
 from ..engine.context import RunContext, RunParked, RunReleased
+from ..engine.flow_waits import HostWakeFailed
 from ..engine.journal import Journal
 from ..engine.ownership import Activated
 from ..errors import CanonicalError, FenceLost, WaitError
 from ..runtime import Runtime
+from ..stores.database import Database
+from . import _events
+from ._deployment import (
+    PARKED_STATE,
+    Settled,
+    claim_run,
+    deployment_of,
+    parked_state,
+    resume_parked,
+    settled_signal,
+)
 from ._stepjournal import flush_hits
 from ._steprun import StepContext, current_spec
 
@@ -66,15 +86,18 @@ __all__ = [
     "driving",
     "pause_flow_run",
     "recorded_parameters",
+    "deployment_flow_run_of",
 ]
 
 log = logging.getLogger(__name__)
 
 FLOW_PREFIX = "prefect/"
 RECORD_TYPE = "prefect-flow-run"
-_PARKED_STATE = "Parked"
+_PARKED_STATE = PARKED_STATE
 #: How a parked Prefect flow's run comes back (a plan run says its own way: ``pause_flow_run(resume=...)``).
 FLOW_RESUME = "a worker that registers this flow resumes it: smthrs worker --flow MODULE:FLOW"
+#: How a parked flow run of a deployment comes back.
+DEPLOYMENT_RESUME = "Prefect runs this flow run of its deployment again (no smthrs worker needed)"
 
 
 def flow_name(flow: Any) -> str:
@@ -107,6 +130,7 @@ class _FlowRun:
     run: RunContext
     active: ActiveRun | None  # None: a driver owns the run and concludes it
     parameters_error: str | None
+    deployment_id: str | None = None  # set: Prefect continues a park of this flow run (``_deployment.py``)
 
 
 _FLOW_RUNS: dict[str, _FlowRun] = {}
@@ -121,7 +145,7 @@ def driving(ctx: RunContext) -> Iterator[RunContext]:
     are forgotten and their buffered hit records written, before the driver concludes the run."""
     token = _DRIVEN.set(ctx)
     before = ctx.on_park
-    ctx.on_park = pause_flow_run
+    ctx.on_park = partial(_pause_driven, ctx.waits.db)
     try:
         yield ctx
     finally:
@@ -158,9 +182,13 @@ def _bind_once(flow_run_id: str, frc: Any) -> _FlowRun:
         fr = _FLOW_RUNS.get(flow_run_id)
         if fr is not None:
             return fr
-        fr, earlier = _bind(flow_run_id, frc)
-        _FLOW_RUNS[flow_run_id] = fr
+        bound = _bind(flow_run_id, frc)
+        if not isinstance(bound, Settled):
+            _FLOW_RUNS[flow_run_id] = bound[0]
     # Prefect API calls, outside the lock: other flow runs of this process keep binding meanwhile.
+    if isinstance(bound, Settled):
+        raise settled_signal(flow_run_id, bound)
+    fr, earlier = bound
     for previous in earlier:
         _mark_resumed(previous, flow_run_id)
     return fr
@@ -196,33 +224,46 @@ def _plain_parameters(parameters: Any) -> tuple[dict[str, Any], str | None]:
     return params, None
 
 
-def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]]:
-    """The binding of a new flow run, and the earlier incarnations of its run to show as resumed."""
+def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]] | Settled:
+    """The binding of a new flow run and the earlier incarnations of its run to show as resumed; ``Settled`` for
+    an execution of a deployment flow run whose run already completed or was cancelled (nothing is bound)."""
     spec = current_spec()
     rt = spec.open()
     name = flow_name(frc.flow)
     params, params_error = _plain_parameters(frc.parameters)
     outer = _DRIVEN.get()
     active: ActiveRun | None = None
+    # A driver's flow run is a direct call (no deployment); ``_Started`` (a state hook's view) has no flow run.
+    deployment = None if outer is not None else deployment_of(getattr(frc, "flow_run", None))
     if outer is not None:
         run = outer
     else:
-        active = _claim(rt, flow_run_id, name)
+        if deployment is not None:
+            claimed = claim_run(rt, flow_run_id, name, deployment)
+            if isinstance(claimed, Settled):
+                return claimed
+            active = claimed
+        else:
+            active = _claim(rt, flow_run_id, name)
         run = active.context
         run.on_park = partial(_park_direct, flow_run_id)
     _hook_flow(frc.flow)
     payload: dict[str, Any] = {"flow_run_id": flow_run_id, "flow": name, "parameters": params}
     if params_error is not None:
         payload = {**payload, "parameters": None, "parameters_error": params_error}
+    if deployment is not None:
+        payload["deployment_id"] = deployment
     earlier = _flow_runs_of(rt.journal, run.run_id) if outer is not None else []
     rt.journal.append(
         run.run_id, RECORD_TYPE, payload, source_id=f"prefect/flow-run/{flow_run_id}", source_seq=0
     )
     ctx = StepContext(run.run_id, run.owner, spec, flow_run_id)
-    return _FlowRun(ctx, rt, run, active, params_error), [p for p in earlier if p != flow_run_id]
+    return _FlowRun(ctx, rt, run, active, params_error, deployment), [p for p in earlier if p != flow_run_id]
 
 
 def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
+    """A direct flow run's run: ``prefect-<flow run id>``, or a fresh suffix when that one is settled or held (a
+    direct flow run id is never executed twice by Prefect, so nothing needs to find the suffix again)."""
     run_id = f"prefect-{flow_run_id}"
     rt.runs.create(run_id, name)
     decision = rt.ownership.claim(run_id)
@@ -332,6 +373,52 @@ def _park_direct(flow_run_id: str, signal: RunParked) -> RunParked:
             f"flow run {flow_run_id} lost its smthrs run {fr.ctx.run_id!r} before it could park it: {outcome.reason}",
             run_id=fr.ctx.run_id,
         )
+    _events.announce_parked(
+        signal,
+        fr.runtime.db,
+        flow_run_id=flow_run_id,
+        resume=DEPLOYMENT_RESUME if fr.deployment_id is not None else FLOW_RESUME,
+    )
+    if fr.deployment_id is not None:
+        return _park_deployment_flow_run(fr, flow_run_id, signal)
+    return pause_flow_run(signal)
+
+
+def _park_deployment_flow_run(fr: _FlowRun, flow_run_id: str, signal: RunParked) -> RunParked:
+    """Tell Prefect how to continue a deployment's flow run parked on ``signal`` (``_deployment.py``), then look
+    at the wait once more: answered between the durable park and now, nobody else would resume the flow run."""
+    state = parked_state(signal, _describe(signal, DEPLOYMENT_RESUME))
+    out = _tell_prefect(signal, state)
+    if out is signal or signal.kind == "timer":
+        return out  # not told (logged), or Scheduled at the deadline: Prefect comes back on its own
+    if _answered(fr, signal):
+        assert fr.deployment_id is not None
+        woke = resume_parked(fr.ctx.run_id, flow_run_id, fr.deployment_id)
+        if isinstance(woke, HostWakeFailed):
+            log.warning(
+                "smthrs run %s: its wait was answered while it parked, but %s", fr.ctx.run_id, woke.detail,
+                exc_info=woke.cause,
+            )  # fmt: skip
+    return out
+
+
+def _answered(fr: _FlowRun, signal: RunParked) -> bool:
+    """Was the wait ``signal`` parked on answered meanwhile? A completion or a decision on a parked run woke it
+    (no longer ``suspended``); a decision that landed before the park leaves the run parked with the request
+    decided (the next execution reads it)."""
+    record = fr.runtime.runs.get(fr.ctx.run_id)
+    if record is None or record.status != "suspended":
+        return True
+    if signal.kind == "approval":
+        pending = fr.runtime.control().pending_requests(fr.ctx.run_id)
+        return all(target.request_id != signal.name for target in pending)
+    return False
+
+
+def _pause_driven(db: Database, signal: RunParked) -> RunParked:
+    """``on_park`` of a driven flow run: announce the park (the driver writes it right after this signal
+    propagates), then pause the Prefect flow run."""
+    _events.announce_parked(signal, db)
     return pause_flow_run(signal)
 
 
@@ -340,23 +427,36 @@ def pause_flow_run(signal: RunParked, resume: str = FLOW_RESUME) -> RunParked:
     ``resume``, how it comes back) and return the signal to raise: a :class:`ParkedFlowRun` carrying that state.
     If Prefect cannot be told (API down), the plain signal is returned and the reason logged: the durable park
     does not depend on Prefect's display."""
+    if _prefect_flow_run() is None:
+        return signal
+    from prefect.states import Paused
+
+    return _tell_prefect(
+        signal, Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal, resume))
+    )
+
+
+def _tell_prefect(signal: RunParked, state: Any) -> RunParked:
+    """Set the current flow run to ``state`` and return the :class:`ParkedFlowRun` carrying it; the plain
+    ``signal`` when Prefect cannot be told (logged with its cause: the park is durable either way, and a
+    ``smthrs worker`` registering the flow still continues it)."""
     frc = _prefect_flow_run()
     if frc is None:
         return signal
     try:
         from prefect.client.orchestration import get_client
-        from prefect.states import Paused
 
-        state: Any = Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal, resume))
         with get_client(sync_client=True) as client:
             result = client.set_flow_run_state(frc.flow_run.id, state, force=True)
         if result.state is not None:
             state = result.state
     except Exception as exc:  # noqa: BLE001 - reported; the run is parked whatever Prefect shows
         log.warning(
-            "smthrs run %s is parked, but Prefect could not be told (the flow run will show Crashed): %r",
+            "smthrs run %s is parked, but Prefect could not be told (the flow run will show Crashed, and Prefect "
+            "will not continue it; a `smthrs worker --flow MODULE:FLOW` does): %r",
             signal.run_id,
             exc,
+            exc_info=exc,
         )
         return signal
     out = _signal_class()(
@@ -377,14 +477,17 @@ def _flow_runs_of(journal: Journal, run_id: str) -> list[str]:
 
 def _mark_resumed(previous: str, current: str) -> None:
     """An earlier incarnation still shown Paused (``Parked``) is done: show it Completed (``Resumed``), naming the
-    flow run that continues it. Display only, like the pause itself: a failure is logged, never raised."""
+    flow run that continues it. So is a deployment's flow run waiting in ``Scheduled`` (its timer, or resumed):
+    Prefect would otherwise execute it again beside the driver. Display only, like the pause itself: a failure is
+    logged, never raised (fencing keeps a second execution from writing to the run)."""
     try:
         from prefect.client.orchestration import get_client
         from prefect.states import Completed
 
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(uuid.UUID(previous)).state
-            if state is None or not state.is_paused() or state.name != _PARKED_STATE:
+            parked = state is not None and state.is_paused() and state.name == _PARKED_STATE
+            if state is None or not (parked or state.is_scheduled()):
                 return
             client.set_flow_run_state(
                 uuid.UUID(previous),
@@ -396,6 +499,10 @@ def _mark_resumed(previous: str, current: str) -> None:
 
 
 def _describe(signal: RunParked, resume: str) -> str:
+    return f"{_waits_for(signal, resume)}; {_events.parked_hint(signal.run_id)}"
+
+
+def _waits_for(signal: RunParked, resume: str) -> str:
     run = signal.run_id
     if signal.kind == "timer" and signal.due_at_ms is not None:
         due = datetime.fromtimestamp(signal.due_at_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
@@ -417,6 +524,17 @@ def _records(journal: Journal, run_id: str) -> Iterator[dict[str, Any]]:
         if len(page) < 500:
             return
         after = page[-1].seq
+
+
+def deployment_flow_run_of(journal: Journal, run_id: str) -> tuple[str, str] | None:
+    """``(flow run id, deployment id)`` when the LATEST flow run recorded for ``run_id`` belongs to a deployment —
+    the flow run Prefect continues — else ``None`` (a direct call, or a driver that took the run over)."""
+    latest: dict[str, Any] | None = None
+    for record in _records(journal, run_id):
+        latest = record
+    if latest is None or not latest.get("deployment_id") or not latest.get("flow_run_id"):
+        return None
+    return str(latest["flow_run_id"]), str(latest["deployment_id"])
 
 
 def recorded_parameters(journal: Journal, run_id: str) -> dict[str, Any] | None:

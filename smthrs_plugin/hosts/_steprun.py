@@ -8,6 +8,8 @@ Invariants
 - Outside any flow run (a step called as a plain function, or from a detached context with no token) each call
   is its own short run (``step-<uuid>``): created, claimed, heartbeated while it runs and settled at once.
 - Runtimes are opened from plain data (:class:`RuntimeSpec`) once per process and reused (warm stat cache).
+  A store named by a Prefect block travels as the block's NAME (``artifacts_block``), never as its credentials:
+  each process that opens the spec loads the block itself (once, with the runtime).
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ _OVERRIDES: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.Conte
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """How to open the runtime a step uses, as plain data (it crosses process boundaries)."""
+    """How to open the runtime a step uses, as plain data (it crosses process boundaries). With ``artifacts_block``
+    the store is that Prefect block's (``artifacts_url`` is then empty; ``artifacts_options`` are laid over the
+    block's)."""
 
     workspace: str
     db_url: str
     artifacts_url: str
     artifacts_options_json: str
     host_id: str
+    artifacts_block: str | None = None
 
     @property
     def artifacts_options(self) -> dict[str, Any]:
@@ -72,9 +77,10 @@ class RuntimeSpec:
                 rt = _RUNTIMES[key] = open_runtime(
                     self.workspace,
                     db=self.db_url,
-                    artifacts=self.artifacts_url,
+                    artifacts=self.artifacts_url or None,
                     artifacts_options=self.artifacts_options,
                     host_id=self.host_id,
+                    artifacts_block=self.artifacts_block,
                 )
             return rt
 
@@ -96,19 +102,27 @@ def step_settings(
     artifacts: str | None = None,
     artifacts_options: Mapping[str, Any] | None = None,
     host_id: str | None = None,
+    artifacts_block: str | None = None,
 ) -> Iterator[RuntimeSpec]:
     """Within this block, steps called from this thread (and flows it runs) use these settings instead of the
-    ``SMTHRS_*`` environment. Yields the resolved spec. Settings are fixed per flow run at its first step call."""
+    ``SMTHRS_*`` environment. Yields the resolved spec. Settings are fixed per flow run at its first step call.
+    ``artifacts_block`` names a saved Prefect block the artifact store is built from (as ``open_runtime``)."""
     spec = _resolve(
-        workspace=workspace, db=db, artifacts=artifacts, artifacts_options=artifacts_options, host_id=host_id
+        workspace=workspace,
+        db=db,
+        artifacts=artifacts,
+        artifacts_options=artifacts_options,
+        host_id=host_id,
+        artifacts_block=artifacts_block,
     )
     token = _OVERRIDES.set(
         {
             "workspace": spec.workspace,
             "db_url": spec.db_url,
-            "artifacts_url": spec.artifacts_url,
+            "artifacts_url": spec.artifacts_url or None,
             "artifacts_options": spec.artifacts_options,
             "host_id": spec.host_id,
+            "artifacts_block": spec.artifacts_block,
         }
     )
     try:
@@ -124,13 +138,16 @@ def _resolve(**kw: Any) -> RuntimeSpec:
         artifacts_url=kw.get("artifacts"),
         artifacts_options=dict(kw["artifacts_options"]) if kw.get("artifacts_options") is not None else None,
         host_id=kw.get("host_id"),
+        artifacts_block=kw.get("artifacts_block"),
     )
+    block = s.effective_artifacts_block  # not loaded here: a step call must not ask Prefect every time
     return RuntimeSpec(
         workspace=str(s.workspace),
         db_url=s.resolved_db_url,
-        artifacts_url=s.resolved_artifacts_url,
+        artifacts_url="" if block is not None else s.resolved_artifacts_url,
         artifacts_options_json=json.dumps(s.artifacts_options, sort_keys=True),
         host_id=s.host_id,
+        artifacts_block=block,
     )
 
 
@@ -145,6 +162,7 @@ def current_spec() -> RuntimeSpec:
         artifacts=o["artifacts_url"],
         artifacts_options=o["artifacts_options"],
         host_id=o["host_id"],
+        artifacts_block=o["artifacts_block"],
     )
 
 

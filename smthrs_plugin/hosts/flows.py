@@ -4,7 +4,9 @@ A Prefect flow that waits (``sp.sleep``, ``sp.wait_for``, ``sp.require_approval`
 parks its smthrs run and ends *Paused* (``_flowrun.py``). What brings it back is a run driver that can call the flow
 again: :func:`flow_fn` makes a Prefect flow registrable with :class:`~smthrs_plugin.engine.driver.RunDriver`
 under :func:`flow_name` (``prefect/<flow name>``), which is also the flow of every run a direct call created — so
-``smthrs worker --flow MODULE:FLOW`` resumes both.
+``smthrs worker --flow MODULE:FLOW`` resumes both. A flow run of a Prefect DEPLOYMENT (``flow_run.deployment_id``
+set: ``flow.serve()``, a work-pool worker) needs no driver: Prefect itself executes it again (``_deployment.py``);
+a driver can still take such a run over — the deployment's parked flow run is then shown ``Resumed``.
 
 Invariants
 - A drive calls the flow ONCE with the run's recorded parameters (the first flow run's, ``_flowrun.py``), as a new
@@ -70,9 +72,10 @@ def flow_fn(flow: Any, parameters: Mapping[str, Any] | None = None) -> FlowFn:
             step_settings(
                 workspace=spec.workspace,
                 db=ctx.waits.db.url,
-                artifacts=spec.artifacts_url,
+                artifacts=spec.artifacts_url or None,
                 artifacts_options=spec.artifacts_options,
                 host_id=spec.host_id,
+                artifacts_block=spec.artifacts_block,
             ),
             driving(ctx),
             translated_startup_timeout(),  # Prefect's server not starting in time: a typed, actionable error

@@ -13,10 +13,13 @@ Invariants
 - Out-of-process runners (``ProcessPoolTaskRunner``, ``prefect_dask.DaskTaskRunner``) receive the job with a
   picklable :class:`~._worker.WorkerDispatcher`: engines and filesystems open lazily in the worker, never pickled.
   In-process runners receive the job as is. Either way the job's writes are fenced by the run's owner token.
-- Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``) on the flow's own context,
-  and, when the pass ends, the Report is attached to the flow run as a markdown artifact (see
-  :mod:`.prefect_plugin`). Prefect being unreachable for an event is Prefect's own (logged) concern; it never
-  changes a node's outcome.
+- Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``, and ``smthrs.cache.refused``
+  when an existing entry was not served; catalogue: :mod:`._events`) on the flow's own context, and, when the pass
+  ends, the Report — naming the smthrs run id and the commands that inspect it — is attached to the flow run as a
+  markdown artifact (see :mod:`.prefect_plugin`). A plan run that parks inside :func:`run_plan_in_flow` is
+  announced (``smthrs.run.parked``, ``smthrs.approval.requested``, an artifact and a state message naming the
+  commands that approve, inspect or cancel it). Prefect being unreachable for an event is Prefect's own (logged)
+  concern; it never changes a node's outcome.
 
 Prior art: Bazel's remote execution (the scheduler keys and caches; executors only run), Prefect's own
 ``task_runner.submit`` contract.
@@ -34,7 +37,6 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..canonical import sha256_hex
 from ..engine.context import RunParked
 from ..errors import SchedulerError, SettingsError
 from ..plan import Concurrency, Plan
@@ -43,6 +45,8 @@ from ..scheduler.host import default_workers
 from ..scheduler.job import JobOutcome, NodeJob, error_line, is_conflict
 from ..scheduler.model import Report
 from ..scheduler.scheduler import Executor
+from . import _events
+from ._events import artifact_key
 from ._flowrun import pause_flow_run
 from ._prefect_env import startup_timeout_updates, translated_startup_timeout
 from ._worker import WorkerDispatcher
@@ -62,8 +66,8 @@ __all__ = [
     "EVENT_PREFIX",
 ]
 
-#: Prefect event names are ``smthrs.node.<outcome>`` (DESIGN.md §5 vocabulary).
-EVENT_PREFIX = "smthrs.node."
+#: Prefect event names are ``smthrs.node.<outcome>`` (DESIGN.md §5 vocabulary; catalogue: :mod:`._events`).
+EVENT_PREFIX = _events.NODE_PREFIX
 
 _HOSTS_BY_RUN: weakref.WeakValueDictionary[str, PrefectHost] = weakref.WeakValueDictionary()
 
@@ -230,36 +234,36 @@ def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:
 
 
 def _emit(job: NodeJob, outcome: JobOutcome, task_run_id: str, flow_run_id: str | None, ms: float) -> None:
-    from prefect.events import emit_event
-
     r = outcome.result
     spec = job.spec
-    related = [
-        {"prefect.resource.id": f"prefect.task-run.{task_run_id}", "prefect.resource.role": "task-run"}
-    ]
-    if flow_run_id is not None:
-        related.append(
-            {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"}
+    _events.emit(
+        _events.node_settled(
+            run_id=spec.run_id,
+            plan_id=spec.plan_id,
+            node=spec.node_id,
+            attempt=spec.attempt,
+            dispatch_key=r.key,
+            outcome=r.outcome,
+            cache_decision=None if r.decision is None else r.decision.tag,
+            conflict=is_conflict(r.error),
+            error=error_line(r.error),
+            duration_ms=ms,
+            task_run_id=task_run_id,
+            flow_run_id=flow_run_id,
         )
-    emit_event(
-        event=EVENT_PREFIX + r.outcome,
-        resource={
-            "prefect.resource.id": f"smthrs.node.{spec.plan_id}.{spec.node_id}",
-            "prefect.resource.name": spec.node_id,
-        },
-        related=related,
-        payload={
-            "run_id": spec.run_id,
-            "plan_id": spec.plan_id,
-            "node": spec.node_id,
-            "attempt": spec.attempt,
-            "dispatch_key": r.key,
-            "outcome": r.outcome,
-            "cache_decision": None if r.decision is None else r.decision.tag,
-            "conflict": is_conflict(r.error),
-            "error": error_line(r.error),
-            "duration_ms": round(ms, 3),
-        },
+    )
+    _events.emit(
+        _events.cache_refused(
+            run_id=spec.run_id,
+            subject=f"{spec.plan_id}/{spec.node_id}",
+            kind="node",
+            dispatch_key=r.key,
+            decision=r.decision,
+            outcome=r.outcome,
+            task_run_id=task_run_id,
+            flow_run_id=flow_run_id,
+            subject_resource=_events.node_resource_id(spec.plan_id, spec.node_id),
+        )
     )
 
 
@@ -271,15 +275,11 @@ def host_for_run(run_id: str) -> PrefectHost | None:
 # ------------------------------------------------------------------------------------------------- report
 
 
-def artifact_key(run_id: str) -> str:
-    """A Prefect artifact key for ``run_id``: lowercase letters, digits and dashes only, unique per run id."""
-    slug = "".join(c if c.isalnum() and c.isascii() else "-" for c in run_id.lower()).strip("-")
-    slug = "-".join(p for p in slug.split("-") if p)[:48] or "run"
-    return f"smthrs-{slug}-{sha256_hex(run_id.encode('utf-8'))[:8]}"
-
-
 def report_markdown(run_id: str, report: Report, durations_ms: Mapping[str, float] | None = None) -> str:
-    """The Report as markdown: one row per node (outcome, cache decision, attempts, duration, dispatch key)."""
+    """The Report as markdown: headed by the smthrs run id, one row per node (outcome, cache decision, attempts,
+    duration, dispatch key), then the commands that inspect the run (and the review page when
+    ``SMTHRS_SERVE_URL`` is set). A Report is attached when the pass settled the run, so there is nothing left to
+    approve or cancel; a parked run's artifact names those commands instead (:func:`._events.parked_markdown`)."""
     durations = durations_ms or {}
     counts: dict[str, int] = {}
     for s in report.settlements:
@@ -301,7 +301,8 @@ def report_markdown(run_id: str, report: Report, durations_ms: Mapping[str, floa
             f"| {s.node} | **{s.outcome}**{err} | {s.cache_decision or '-'} | {s.attempts} | "
             f"{'-' if ms is None else f'{ms:.1f}'} | {key} |"
         )
-    return "\n".join(lines) + "\n"
+    lines += ["", "### Inspect it", "", _events.links_markdown(run_id, settled=True)]
+    return "\n".join(lines)
 
 
 def share_prefect_api() -> str:
@@ -363,12 +364,12 @@ def run_plan_in_flow(
         try:
             return rt.scheduler(run_id, concurrency=concurrency).run(plan, executor)
         except RunParked as parked:
-            # The plan run is already parked (the runtime's run driver wrote it): show the flow run Paused
-            # ("Parked"), not Crashed. The signal raised is still a RunParked for the caller.
-            raise pause_flow_run(
-                parked,
-                f"`smthrs resume {run_id} --key K` (or the same `smthrs run` again) continues it",
-            ) from None
+            # The plan run is already parked (the runtime's run driver wrote it): tell Prefect (events an
+            # automation can use, the artifact naming the commands), then show the flow run Paused ("Parked"), not
+            # Crashed. The signal raised is still a RunParked for the caller.
+            resume = f"`smthrs resume {run_id} --key K` (or the same `smthrs run` again) continues it"
+            _events.announce_parked(parked, rt.db, resume=resume)
+            raise pause_flow_run(parked, f"{resume}; {_events.parked_hint(run_id)}") from None
 
     smthrs_flow: Flow[[], Report] = Flow(
         body,

@@ -6,6 +6,12 @@ composition root discovers it like any third-party plugin and never imports ``ho
   and the scheduler keeps its local thread pool.
 - ``smthrs_run_settled``: inside a flow run, attach the Report to it as a markdown artifact (key
   :func:`~.prefect.artifact_key`).
+- ``smthrs_approval_decided``: emit ``smthrs.approval.approved|denied`` (``_events.py``) from the deciding process —
+  only where Prefect is in use (a flow run, or ``PREFECT_API_URL`` configured); a CLI without it imports nothing.
+- ``smthrs_run_waker``: :func:`wake_deployment_flow_run` — after an approval, a denial, ``sp.complete``, a signal or
+  a cancellation is committed, resume the run's parked flow run of a Prefect DEPLOYMENT through the Prefect API
+  (``_deployment.py``), so the deployment's runner or worker executes it again. A run whose latest flow run is not
+  a deployment's answers ``HostNotParked`` without importing Prefect (a ``smthrs worker`` continues it).
 
 Loading this module costs nothing: Prefect is imported only once a flow run is known to be active (if Prefect
 was never imported, no flow run can be).
@@ -15,11 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.flow_waits import HostNotParked, HostWake, HostWaker
+from ..engine.journal import Journal
 from ..hooks.specs import HostRequest, hookimpl
 from ..scheduler.model import Report
 from ..settings import Settings
 
-__all__ = ["PrefectHostProvider", "smthrs_hosts", "smthrs_run_settled"]
+__all__ = [
+    "PrefectHostProvider",
+    "smthrs_hosts",
+    "smthrs_run_settled",
+    "smthrs_approval_decided",
+    "smthrs_run_waker",
+    "wake_deployment_flow_run",
+]
 
 
 class PrefectHostProvider:
@@ -57,3 +72,51 @@ def smthrs_run_settled(run_id: str, report: Report) -> None:
         key=artifact_key(run_id),
         description=f"smthrs report of run {run_id} (plan {report.plan_id})",
     )
+
+
+@hookimpl
+def smthrs_approval_decided(
+    run_id: str | None,
+    plan_id: str | None,
+    flow: str | None,
+    request_id: str | None,
+    token_id: str,
+    digest: str,
+    envelope: Any,
+    decision: str,
+    principal: str,
+    scope: str | None,
+) -> None:
+    from . import _events
+
+    _events.emit(
+        _events.approval_decided(
+            run_id=run_id, plan_id=plan_id, flow=flow, request=request_id, token_id=token_id, digest=digest,
+            envelope=envelope, decision=decision, principal=principal, scope=scope, flow_run_id=None,
+        )
+    )  # fmt: skip
+
+
+def wake_deployment_flow_run(run_id: str, journal: Journal) -> HostWake:
+    """The Prefect host's run waker: resume ``run_id``'s parked flow run when its latest recorded flow run belongs
+    to a deployment (``_flowrun.deployment_flow_run_of``); ``HostNotParked`` otherwise."""
+    from ._flowrun import deployment_flow_run_of
+
+    found = deployment_flow_run_of(journal, run_id)
+    if found is None:
+        return HostNotParked(
+            run_id,
+            None,
+            "no flow run of a Prefect deployment runs it: a `smthrs worker` or a resume continues it",
+        )
+    from ._deployment import resume_parked
+
+    return resume_parked(run_id, *found)
+
+
+wake_deployment_flow_run.host = "prefect"  # type: ignore[attr-defined]  # named in a failure it raises
+
+
+@hookimpl
+def smthrs_run_waker(settings: Settings) -> HostWaker:
+    return wake_deployment_flow_run

@@ -37,6 +37,9 @@ Invariants
 - **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
   ``step-settled`` record into it, fenced by the flow process's owner token, which each call carries to
   wherever Prefect runs the body (threads, processes, Dask).
+- **Prefect hears about every call** once it settled (catalogue: :mod:`._events`): ``smthrs.step.<outcome>``,
+  ``smthrs.cache.refused`` when an existing entry was not served, and, once per flow run (in the flow run's own
+  process), an artifact naming the flow run's smthrs run and the commands that inspect it.
 
 Prior art: Prefect's ``INPUTS + TASK_SOURCE`` cache policy (keys on argument reprs and source), Bazel's action
 key (keys on input file digests): this is the second, shaped like the first.
@@ -51,6 +54,7 @@ import dataclasses
 import hashlib
 import inspect
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -71,6 +75,7 @@ from ..plan.keys import plan_key
 from ..runtime import process_codecs
 from ..scheduler.job import error_line
 from ..scheduler.model import Settlement
+from . import _events
 from ._flowrun import context_for_call
 from ._stepjournal import record_settled
 from ._steprun import StepContext, standalone_run
@@ -80,8 +85,8 @@ __all__ = ["step", "Step", "Workspace", "CONTEXT_PARAM", "STEP_EVENT_PREFIX", "d
 
 #: The hidden keyword argument carrying the :class:`StepContext` to wherever the body runs.
 CONTEXT_PARAM = "smthrs_context"
-#: Prefect events of step calls are ``smthrs.step.built | clean | failed``.
-STEP_EVENT_PREFIX = "smthrs.step."
+#: Prefect events of step calls are ``smthrs.step.built | clean | failed`` (catalogue: :mod:`._events`).
+STEP_EVENT_PREFIX = _events.STEP_PREFIX
 _RESERVED = {CONTEXT_PARAM, "return_state", "wait_for"}
 #: Prefect options that would make Prefect cache or persist on its own: the plugin owns caching.
 _REFUSED_OPTIONS = {
@@ -366,35 +371,39 @@ def _tell(
                 error=error_line(result.error),
             ),
         )
-    from prefect.events import emit_event
-
-    related = []
-    if task_run_id is not None:
-        related.append(
-            {"prefect.resource.id": f"prefect.task-run.{task_run_id}", "prefect.resource.role": "task-run"}
+    _events.emit(
+        _events.step_settled(
+            run_id=ctx.run_id,
+            step=spec.identity,
+            node=spec.name,
+            attempt=attempt,
+            dispatch_key=result.key,
+            outcome=result.outcome,
+            cache_decision=decision,
+            tier=getattr(result.decision, "tier", None),
+            error=error_line(result.error),
+            timings_ms=dict(result.timings),
+            task_run_id=task_run_id,
+            flow_run_id=ctx.flow_run_id,
         )
-    if ctx.flow_run_id is not None:
-        related.append(
-            {
-                "prefect.resource.id": f"prefect.flow-run.{ctx.flow_run_id}",
-                "prefect.resource.role": "flow-run",
-            }
-        )
-    emit_event(
-        event=STEP_EVENT_PREFIX + result.outcome,
-        resource={"prefect.resource.id": f"smthrs.step.{spec.identity}", "prefect.resource.name": spec.name},
-        related=related,
-        payload={
-            "run_id": ctx.run_id,
-            "step": spec.identity,
-            "attempt": attempt,
-            "dispatch_key": result.key,
-            "outcome": result.outcome,
-            "cache_decision": decision,
-            "error": error_line(result.error),
-            "timings_ms": {k: round(v, 3) for k, v in dict(result.timings).items()},
-        },
     )
+    _events.emit(
+        _events.cache_refused(
+            run_id=ctx.run_id,
+            subject=spec.identity,
+            kind="step",
+            dispatch_key=result.key,
+            decision=result.decision,
+            outcome=result.outcome,
+            task_run_id=task_run_id,
+            flow_run_id=ctx.flow_run_id,
+            subject_resource=_events.step_resource_id(spec.identity),
+        )
+    )
+    if ctx.flow_run_id is not None and ctx.owner.pid == os.getpid():
+        # A @step flow run has no Report: its page names its smthrs run once (the flow run's own process only;
+        # a worker process would attach a duplicate version of the same artifact).
+        _events.describe_flow_run(ctx.run_id, ctx.flow_run_id)
 
 
 class _Call:
