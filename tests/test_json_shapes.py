@@ -38,12 +38,13 @@ nodes:
 """
 
 RECEIPT_ANSWER = {"receipt", "run_id", "status", "waiting_reason", "requests", "plan_id", "digest"}
+DECISION_ANSWER = RECEIPT_ANSWER | {"host_wake"}  # the verbs that tell a run's host what changed
 RUN_ANSWER = RECEIPT_ANSWER | {"settlements", "owner"}
 SHAPES: dict[str, set[str]] = {
     "plan": {"plan_id", "flow_id", "digest", "approval_state", "card"},
-    "approve": RECEIPT_ANSWER,
-    "deny": RECEIPT_ANSWER,
-    "cancel": RECEIPT_ANSWER,
+    "approve": DECISION_ANSWER,
+    "deny": DECISION_ANSWER,
+    "cancel": DECISION_ANSWER,
     "run --key": RUN_ANSWER,
     "resume": RUN_ANSWER,
     "run": {"run_id", "plan_id", "digest", "status", "waiting_reason", "settlements"},

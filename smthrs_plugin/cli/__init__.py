@@ -17,6 +17,7 @@ from . import plugins as _plugins
 from . import recover as _recover
 from . import run as _run
 from . import runs as _runs
+from . import serve as _serve
 from . import watch as _watch
 from . import worker as _worker
 from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
@@ -37,7 +38,7 @@ def _root() -> None:
     """smthrs — durable execution for Prefect."""
 
 
-for _module in (_recover, _cache, _run, _runs, _watch, _worker, _plugins, _control):
+for _module in (_recover, _cache, _run, _runs, _watch, _worker, _plugins, _control, _serve):
     _module.register(app)
 
 

@@ -271,32 +271,17 @@ def answer(
     from rich.console import Console
     from rich.table import Table
 
+    from smthrs_plugin.serve._wire import receipt_answer
+
     # DESIGN.md §8 names the receipt's kind ``type``; the seed's wire form (``receipts.py``) names it ``_tag``.
-    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply.
-    payload: dict[str, Any] = {
-        "receipt": {"type": receipt.type, **receipt.to_dict()},
-        "run_id": None,
-        "status": None,
-        "waiting_reason": None,
-        "requests": [],
-        "plan_id": getattr(receipt, "plan_id", None),
-        "digest": None,
-    }
-    if card is not None:
-        payload.update(plan_id=card.plan_id, digest=card.digest)
-    run_id = getattr(receipt, "run_id", None)
-    view = None
-    status: str | None = None
-    waiting: str | None = None
-    if run_id is not None:
-        view = control.show(run_id)
-        status, waiting = view.status, view.waiting_reason
-        payload.update(run_id=run_id, status=status, waiting_reason=waiting)
-        payload["requests"] = [r.to_json() for r in view.requests if r.state == "pending"]
-        if view.admission is not None and card is None:
-            payload.update(plan_id=view.admission.plan_id, digest=view.admission.card_digest)
-        if operation in ("run", "resume"):
-            decision = run_decision(view)
+    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply; the
+    # same object `smthrs serve` answers for the verb.
+    payload, view = receipt_answer(control, receipt, operation=operation, card=card)
+    run_id = payload["run_id"]
+    status: str | None = payload["status"]
+    waiting: str | None = payload["waiting_reason"]
+    if view is not None and operation in ("run", "resume"):
+        decision = run_decision(view)
     if operation in ("run", "resume"):
         payload["settlements"] = _settlements(report)
         payload["owner"] = None if held is None else held.to_json()
@@ -316,6 +301,12 @@ def answer(
             f"  {held.describe()}; not waiting (--no-wait): run the same command again later, or without "
             "--no-wait to wait for it"
         )
+    wake = payload.get("host_wake")
+    if wake is not None and wake["type"] == "HostWoken":
+        console.print(f"  {wake['detail']}")
+    elif wake is not None and wake["type"] == "HostWakeFailed":
+        # A warning, never a refusal: the decision above is durable, and repeating the command asks the host again.
+        typer.echo(f"warning: {wake['detail']}", err=True)
     if view is not None and view.pending:
         for r in view.pending:
             console.print(

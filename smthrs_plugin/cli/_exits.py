@@ -2,7 +2,8 @@
 so every command asks :func:`exit_code` (or :func:`refusal_exit` for a typed refusal) and none keeps its own.
 
 Invariant: **exit 0 means exactly "done"** — for ``run``/``resume``/``worker --run``: the run COMPLETED; for
-``approve``/``cancel``: the decision or request stands (recorded now or by an earlier identical call); for reads
+``approve``/``cancel``/``signal``: the decision, request or value stands (recorded now or by an earlier identical
+call); for reads
 (``watch``, ``show``, ``runs``, ``plan``): the answer was printed. An identical retry answers the same code as the
 first call whenever the run did not move in between (a ``deny`` exits 3 every time, a denied run's retry too).
 
@@ -53,8 +54,8 @@ EXIT_DENIED = 3
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: "try again later"
 EXIT_PARKED = EXIT_TEMPFAIL
 
-Operation = Literal["run", "resume", "worker", "approve", "deny", "cancel"]
-OPERATIONS: tuple[str, ...] = ("run", "resume", "worker", "approve", "deny", "cancel")
+Operation = Literal["run", "resume", "worker", "approve", "deny", "cancel", "signal"]
+OPERATIONS: tuple[str, ...] = ("run", "resume", "worker", "approve", "deny", "cancel", "signal")
 #: Receipt tags (control/receipts.py); ``None`` for a command that answers no receipt (``run`` without ``--key``,
 #: ``worker --run``).
 RECEIPTS: tuple[str | None, ...] = ("Accepted", "AlreadyApplied", "Parked", "Conflict", "Terminal", None)
@@ -130,6 +131,9 @@ def exit_code(
         if receipt == "Terminal":
             return EXIT_OK if decision == "approved" else EXIT_REFUSED
         return EXIT_OK
+    if operation == "signal":
+        # Delivered now or by an identical earlier call; a settled run got nothing (refused, as for approve).
+        return EXIT_REFUSED if receipt == "Terminal" else EXIT_OK
     # cancel: never replays; done once the request is recorded or the run is cancelled.
     if receipt == "Terminal":
         return EXIT_OK if status == "cancelled" else EXIT_REFUSED

@@ -1,4 +1,5 @@
-"""The control plane facade: ``plan``, ``run``, ``approve``, ``deny``, ``cancel``, ``resume``, ``list``, ``show``.
+"""The control plane facade: ``plan``, ``run``, ``approve``, ``deny``, ``cancel``, ``resume``, ``signal``, ``list``,
+``show``.
 
 Every mutation crosses the identity boundary first (``identity.Mutation``: copy, decode, bound, durable key,
 fingerprint) and answers a receipt (``receipts.py``); ``plan`` answers a :class:`~.cards.PlanCard`.
@@ -19,7 +20,12 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
   check proves the admitter dead; a released run; a run woken by a decision) and answers ``AlreadyApplied``.
 - **Decisions**: authorize (before any read or replay) → terminality (node) → replay → one transaction:
   ``Approvals.decide_in`` (token, checks, decision, grant, journal, resume delegation) + the receipt.
-- **The run's host is told after the commit.** A node decision or a cancellation that was applied
+- **Signals** deliver a value to a run's deferred ``NAME`` (what ``sp.wait_for(NAME)`` returns): replay first (a
+  signal changes something once, so its receipt stays the answer after the run it woke has settled), then ONE
+  transaction: the deferred's completion (first writer wins), ``control.signal.delivered`` on the run's partition,
+  the wake of a run parked on it, and the receipt. A deferred that is already completed is refused
+  (``already_resolved``) with nothing written; a settled run answers ``Terminal``.
+- **The run's host is told after the commit.** A node decision, a signal or a cancellation that was applied
   (``Accepted``, or ``AlreadyApplied`` for a retry) calls the injected ``waker`` (``engine.flow_waits.tell_host``;
   the Prefect plugin resumes a parked flow run of a deployment), never inside the transaction and never turning
   its failure into a refusal: the decision stands, :meth:`Control.last_host_wake` says what the host answered.
@@ -35,13 +41,15 @@ from typing import Any, Literal
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
-from ..canonical import sha256_hex
+from ..canonical import canonical_bytes, sha256_hex
 from ..engine.cancellation import cancel_run
+from ..engine.context import DEFAULT_BUS
 from ..engine.fence import OwnerId, bump_run, current_owner
 from ..engine.flow_waits import HostWake, HostWaker, tell_host
 from ..engine.journal import Journal
 from ..engine.liveness import LeaseLiveness, LivenessCheck
 from ..engine.runs import RunStore
+from ..engine.wait_records import Existing
 from ..engine.waits import WaitStore
 from ..errors import ControlError, StoreError
 from ..observe.catalog import RunFilters, RunPage, list_runs
@@ -583,6 +591,91 @@ class Control:
             self._relaunch(run_id, launcher)
         return out
 
+    # -- signal --------------------------------------------------------------------------------------------------------
+    def signal(
+        self,
+        run_id: str,
+        name: str,
+        value: Any,
+        *,
+        idempotency_key: str | None = None,
+        principal: Principal = LOCAL_OPERATOR,
+    ) -> Receipt:
+        """Deliver ``value`` (plain JSON) to the deferred ``name`` of run ``run_id`` — what ``sp.wait_for(name)``
+        returns there — waking the run when it is parked on it (see the module invariants).
+
+        ``Accepted`` (recorded) / ``AlreadyApplied`` for a same-key retry of the same signal / ``Conflict`` for the
+        same key with another run, name or value / ``Terminal`` for a settled run. Without ``idempotency_key`` the
+        key is ``signal:<run>:<name>``: a deferred completes once, so that key means one value. Refusals, before
+        anything is written: over-bound input (``invalid_input``), an unknown run (``run_not_found``), a deferred
+        already completed by another call (``already_resolved``)."""
+        self._woke.outcome = None
+        _check_wait_name("run_id", run_id)
+        _check_wait_name("name", name)
+        key = _hashed_key(f"signal:{run_id}:{name}") if idempotency_key is None else idempotency_key
+        m = Mutation("signal", key, {"runId": run_id, "name": name, "value": value}, principal)
+        assert m.principal is not None and type(m.input) is dict
+        actor = m.principal
+        decoded = m.input["value"]  # the bounded copy: the caller's object is never read again
+        replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
+        if replay is not None:
+            return self._signalled(
+                run_id, decide_replay(replay.fingerprint, m.fingerprint, replay.receipt, operation="signal")
+            )
+        receipt_id = st.new_id("rcpt")
+
+        def fn(conn: Connection) -> Receipt | _Replay:
+            again = st.receipt_in(conn, m.durable_key)
+            if again is not None:
+                return _Replay(again)
+            row = ln.run_row_in(conn, run_id)
+            if row is None:
+                raise ControlError(
+                    "run_not_found",
+                    f"run {run_id!r} does not exist; a signal answers a wait of an existing run (smthrs runs lists "
+                    "them)",
+                    run_id=run_id,
+                )
+            if row.status in TERMINAL_STATUSES:
+                return Terminal(run_id, row.status)
+            done = self.waits.complete_deferred(run_id, name, decoded, wake=False)
+            if isinstance(done, Existing):
+                # First writer wins: this call delivered nothing, so it records nothing (the raise rolls back).
+                raise ControlError(
+                    "already_resolved",
+                    f"the wait {name!r} of run {run_id!r} was already answered (at {done.record.completed_at_ms} "
+                    "epoch ms) by another signal or sp.complete; a wait is answered once — repeat the original "
+                    "signal unchanged to read its receipt",
+                    run_id=run_id,
+                    name=name,
+                )
+            self.journal.append_in(
+                conn,
+                run_id,
+                "control.signal.delivered",
+                {"name": name, "principal": dict(actor.to_json()), "receiptId": receipt_id,
+                 "valueDigest": "sha256:" + sha256_hex(canonical_bytes(decoded))},
+            )  # fmt: skip
+            # After the delivery record, in the same transaction: a parked run cannot miss its answer.
+            self.waits.wake_for_deferred(run_id, name)
+            receipt = Accepted(receipt_id, run_id)
+            st.insert_receipt_in(conn, m.durable_key, "signal", m.fingerprint, receipt, self.clock.now_ms())
+            return receipt
+
+        out = self.db.write(fn)
+        if isinstance(out, _Replay):
+            return self._signalled(
+                run_id, decide_replay(out.row.fingerprint, m.fingerprint, out.row.receipt, operation="signal")
+            )
+        if isinstance(out, Accepted):
+            DEFAULT_BUS.wake(run_id)  # after the commit: an in-process sp.wait_for returns at once
+        return self._signalled(run_id, out)
+
+    def _signalled(self, run_id: str, receipt: Receipt) -> Receipt:
+        if isinstance(receipt, (Accepted, AlreadyApplied)):
+            self._tell_host(run_id)  # after the commit; a retry re-asks a host it could not reach
+        return receipt
+
     # -- reads -----------------------------------------------------------------------------------------------------
     def show(self, run_id: str) -> RunView:
         """One run with its approval facts and node requests (``run_not_found`` when absent)."""
@@ -617,6 +710,19 @@ class Control:
 def _derived_key(action: str, target: Target) -> str:
     """``<action>:<target>:<digest>``, hashed when it would exceed the 1,024-character key bound."""
     return _hashed_key(f"{action}:{target.name}:{target.digest}")
+
+
+def _check_wait_name(option: str, value: object) -> None:
+    """A run id or wait name has the shape of a wait name (engine/flow_waits.py): refused here as caller input
+    (exit 2), not later as a store argument."""
+    if type(value) is not str or not 1 <= len(value) <= 1024 or "\x00" in value:
+        shown = f"a str of {len(value):,} characters" if type(value) is str else f"a {type(value).__name__}"
+        raise ControlError(
+            "invalid_options",
+            f"{option} must be a str of 1 to 1,024 characters without NUL, got {shown}; name the run and the wait "
+            "exactly as the flow does (sp.wait_for(NAME))",
+            option=option,
+        )
 
 
 def _hashed_key(key: str) -> str:

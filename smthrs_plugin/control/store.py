@@ -291,6 +291,35 @@ def plan_token_in(conn: Connection, plan_id: str) -> TokenRow | None:
     return None if row is None else _token(row)
 
 
+def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRow]:
+    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first (what a reviewer
+    has to look at): a plan token with no decision row."""
+    q = (
+        sa.select(control_plans)
+        .join(control_tokens, _T.plan_id == _P.plan_id)
+        .outerjoin(control_decisions, _D.token_id == _T.token_id)
+        .where(_T.kind == "Plan", _D.token_id.is_(None))
+        .order_by(_P.created_at_ms, _P.seq, _P.plan_id)
+        .limit(limit)
+    )
+    return [_card(row) for row in conn.execute(q)]
+
+
+def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRow | None:
+    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``
+    (what a reviewer compares a new card with), or None."""
+    q = (
+        sa.select(control_plans)
+        .join(control_tokens, _T.plan_id == _P.plan_id)
+        .join(control_decisions, _D.token_id == _T.token_id)
+        .where(_P.plan_name == plan_name, _P.digest != other_than_digest, _D.decision == "approved")
+        .order_by(_D.decided_at_ms.desc(), _P.seq.desc())
+        .limit(1)
+    )
+    row = conn.execute(q).first()
+    return None if row is None else _card(row)
+
+
 def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRow | None:
     row = conn.execute(
         sa.select(control_tokens).where(_T.run_id == run_id, _T.request_id == request_id)

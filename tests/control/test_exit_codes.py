@@ -50,6 +50,8 @@ def _expected(
         return 2 if receipt == "Terminal" and decision != "denied" else 3
     if op == "approve":
         return 2 if receipt == "Terminal" and decision != "approved" else 0
+    if op == "signal":
+        return 2 if receipt == "Terminal" else 0
     assert op == "cancel"
     return 2 if receipt == "Terminal" and status != "cancelled" else 0
 
@@ -58,11 +60,11 @@ TABLE = list(itertools.product(OPERATIONS, RECEIPTS, STATUSES, WAITING_REASONS, 
 
 
 def test_the_table_covers_every_receipt_status_waiting_reason_and_decision_of_every_operation() -> None:
-    assert set(OPERATIONS) == {"run", "resume", "worker", "approve", "deny", "cancel"}
+    assert set(OPERATIONS) == {"run", "resume", "worker", "approve", "deny", "cancel", "signal"}
     assert set(RECEIPTS) == {"Accepted", "AlreadyApplied", "Parked", "Conflict", "Terminal", None}
     assert set(STATUSES) == {"pending", "running", "suspended", "completed", "failed", "cancelled", None}
     assert {"waiting-approval", "timer", "event", "released", "quarantine"} <= set(WAITING_REASONS)
-    assert len(TABLE) == 6 * 6 * 7 * 6 * 3
+    assert len(TABLE) == 7 * 6 * 7 * 6 * 3
 
 
 @pytest.mark.parametrize("op", OPERATIONS)

@@ -1,0 +1,15 @@
+"""``smthrs serve``: the control plane over HTTP — JSON-RPC verbs, run projections, the review page.
+
+Modules: ``_auth`` (credential, bind rule, operator principal), ``_rpc`` (the JSON-RPC method table over
+:class:`~smthrs_plugin.control.control.Control`), ``_projections`` (``/projections``, HTTP ndjson and WebSocket),
+``_wire`` (the JSON objects shared with the CLI), ``_app`` (the FastAPI application), ``_server`` (uvicorn, the
+announcement lines, graceful shutdown), ``_review`` and ``static/`` (the review page).
+
+Invariant: importing this package imports no web framework. FastAPI, Starlette and uvicorn load only when a server
+is built (``_app``/``_server``/``_projections``), so ``import smthrs_plugin`` and ``smthrs --help`` stay light.
+Top layer (beside ``cli`` and ``hosts``): it imports the runtime, control and observe, never ``cli``.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
