@@ -146,46 +146,6 @@ def card_of_file(
     )
 
 
-def _target(control: Control, ident: str, request: str | None, digest: str | None) -> Any:
-    """The approval target an operator names: a plan card, or a run's node request (``--request``; without it the
-    run's single pending request)."""
-    from smthrs_plugin.control.authority import NodeTarget, PlanTarget
-    from smthrs_plugin.control.cards import Envelope
-
-    if request is None:
-        try:
-            card = control.card(ident)
-        except ControlError as exc:
-            if exc.code != "plan_not_found":
-                raise
-        else:
-            return PlanTarget(card.plan_id, digest or card.digest, card.envelope)
-        view = control.show(ident) if _run_exists(control, ident) else None
-        if view is None:
-            raise ControlError(
-                "plan_not_found",
-                f"{ident!r} is neither a plan card nor a run; `smthrs plan PLAN.yaml` prints the plan id",
-                plan_id=ident,
-            )
-        if len(view.pending) != 1:
-            names = [r.request_id for r in view.pending]
-            raise ControlError(
-                "plan_not_found" if not names else "invalid_options",
-                f"run {ident!r} has {len(names)} pending approval requests {names}; name one with --request",
-                run_id=ident,
-            )
-        request = view.pending[0].request_id
-    for r in control.show(ident).requests:
-        if r.request_id == request:
-            return NodeTarget(ident, request, digest or r.digest, Envelope.from_json(r.envelope))
-    raise ControlError(
-        "plan_not_found",
-        f"run {ident!r} has not asked for approval {request!r}; see `smthrs show {ident}`",
-        run_id=ident,
-        request_id=request,
-    )
-
-
 def _decision(control: Control, target: Any) -> str | None:
     """The recorded decision on ``target`` now (``approved`` | ``denied`` | None): what makes a retried ``deny``
     exit 3 every time, whatever receipt it got (``_exits.exit_code``)."""
@@ -199,16 +159,6 @@ def _decision(control: Control, target: Any) -> str | None:
     state = control.plan_state(target.plan_id)
     tag = None if state is None else state.tag.lower()
     return tag if tag in ("approved", "denied") else None
-
-
-def _run_exists(control: Control, run_id: str) -> bool:
-    try:
-        control.show(run_id)
-    except ControlError as exc:
-        if exc.code == "run_not_found":
-            return False
-        raise
-    return True
 
 
 def _decide(
@@ -229,7 +179,7 @@ def _decide(
         with open_runtime(workspace=workspace, db=db) as rt:
             control = rt.control()
             principal = parse_principal(as_)
-            target = _target(control, ident, request, digest)
+            target = control.approval_target(ident, request, digest)
             if action == "approve":
                 receipt = control.approve(target, scope=scope, idempotency_key=key, principal=principal)
             else:

@@ -20,7 +20,7 @@ import typer
 from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import db_url as _db_url
 from smthrs_plugin.cli._common import refuse as _refuse
-from smthrs_plugin.errors import ControlError, SmthrsError
+from smthrs_plugin.errors import SmthrsError
 
 __all__ = ["register", "watch_run"]
 
@@ -45,7 +45,7 @@ def watch_run(
     as_json: JsonOption = False,
 ) -> None:
     """Print the journal of RUN_ID as events (snapshot, or live with --follow)."""
-    from smthrs_plugin.observe.watch import watch
+    from smthrs_plugin.observe.watch import require_watchable, watch
     from smthrs_plugin.stores.database import open_database
 
     events: list[dict[str, Any]] = []
@@ -53,7 +53,7 @@ def watch_run(
     try:
         database = open_database(_db_url(db))
         stream = watch(database, run_id, follow=follow, after_cursor=after_cursor)  # input refused first
-        _known(database, run_id)
+        require_watchable(database, run_id)
         with stream:
             for ev in stream:
                 seen += 1
@@ -78,25 +78,6 @@ def watch_run(
         typer.echo(_line(e))
     if not events:
         typer.echo(f"no events for {run_id}")
-
-
-def _known(database: Any, run_id: str) -> None:
-    """Refuse (``run_not_found``, exit 2) a run this database has neither a row nor a journal for: "no events" would
-    read as success to a script that mistyped the run id (issue 14). A deleted run whose journal is kept, or a
-    journal partition of its own (``plan:<id>``), is still watchable."""
-    from smthrs_plugin.observe.snapshot import Missing, read
-    from smthrs_plugin.observe.watch import watch
-
-    if not isinstance(read(database, [run_id]).items[0], Missing):
-        return
-    with watch(database, run_id, follow=False) as probe:
-        for _ in probe:
-            return
-    raise ControlError(
-        "run_not_found",
-        f"run {run_id!r} does not exist and has no journal here; check the run id (smthrs runs lists them) and --db",
-        run_id=run_id,
-    )
 
 
 def _line(e: dict[str, Any]) -> str:

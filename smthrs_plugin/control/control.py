@@ -400,6 +400,51 @@ class Control:
             target = PlanTarget(target.plan_id, target.digest, target.envelope)
         return self._decide("deny", target, None, idempotency_key, principal)
 
+    def approval_target(
+        self, ident: str, request: str | None = None, digest: str | None = None
+    ) -> PlanTarget | NodeTarget:
+        """The approval target an operator names (``smthrs approve IDENT [--request R] [--digest D]``, the ``approve``
+        method of ``smthrs serve``): the plan card ``ident``, or the node request ``request`` of run ``ident``
+        (without ``request``: the run's single pending one). ``digest`` defaults to the one on record.
+        ``plan_not_found`` for an unknown ident or request, ``invalid_options`` when several requests are pending."""
+        if request is None:
+            try:
+                card = self.card(ident)
+            except ControlError as exc:
+                if exc.code != "plan_not_found":
+                    raise
+            else:
+                return PlanTarget(card.plan_id, digest or card.digest, card.envelope)
+            try:
+                view = self.show(ident)
+            except ControlError as exc:
+                if exc.code != "run_not_found":
+                    raise
+                raise ControlError(
+                    "plan_not_found",
+                    f"{ident!r} is neither a plan card nor a run; `smthrs plan PLAN.yaml` (or the `plan` method of "
+                    "smthrs serve) prints the plan id",
+                    plan_id=ident,
+                ) from None
+            names = [r.request_id for r in view.pending]
+            if len(names) != 1:
+                raise ControlError(
+                    "plan_not_found" if not names else "invalid_options",
+                    f"run {ident!r} has {len(names)} pending approval requests {names}; name one with --request "
+                    "(the request param)",
+                    run_id=ident,
+                )
+            request = names[0]
+        for r in self.show(ident).requests:
+            if r.request_id == request:
+                return NodeTarget(ident, request, digest or r.digest, Envelope.from_json(r.envelope))
+        raise ControlError(
+            "plan_not_found",
+            f"run {ident!r} has not asked for approval {request!r}; `smthrs show {ident}` lists its requests",
+            run_id=ident,
+            request_id=request,
+        )
+
     def last_host_wake(self) -> HostWake | None:
         """What the run's host answered when this thread's last approve/deny/signal/cancel on this plane told it
         (``HostWoken | HostNotParked | HostWakeFailed``); ``None`` when no host was told (no waker, a plan target,

@@ -53,6 +53,7 @@ __all__ = [
     "WatchStats",
     "WatchStream",
     "watch",
+    "require_watchable",
     "event_cursor",
     "PARTITIONS_PER_BATCH",
     "PAGE_SIZE",
@@ -165,6 +166,25 @@ def watch(
             )
         floor = seq
     return WatchStream(db, source, run_id, floor, follow, float(poll_interval_s), journal or Journal(db))
+
+
+def require_watchable(db: Database, run_id: str) -> None:
+    """Refuse (``run_not_found``) a run this database has neither a row nor a journal for: an empty watch would read
+    as success to a script that mistyped the run id (issue 14). A deleted run whose journal is kept, or a journal
+    partition of its own (``plan:<id>``), is still watchable."""
+    from .snapshot import Missing, read
+
+    if not isinstance(read(db, [run_id]).items[0], Missing):
+        return
+    with watch(db, run_id, follow=False) as probe:
+        for _ in probe:
+            return
+    raise ControlError(
+        "run_not_found",
+        f"run {run_id!r} does not exist and has no journal here; check the run id (`smthrs runs`, or the `runs` "
+        "method of smthrs serve, lists them) and the database",
+        run_id=run_id,
+    )
 
 
 class _Idle:

@@ -36,8 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..errors import ControlError, InvalidInput, SmthrsError
-from ..observe.snapshot import Missing, read
-from ..observe.watch import ControlEvent, WatchStream, watch
+from ..observe.watch import ControlEvent, WatchStream, require_watchable, watch
 from ..stores.database import Database
 
 __all__ = ["Projections", "MAX_STREAMS", "IDLE_S", "open_projection"]
@@ -70,7 +69,7 @@ def open_projection(db: Database, query: Mapping[str, str], *, websocket: bool) 
     follow = True if websocket else _flag(query.get("follow", "false"))
     stream = watch(db, run_id, follow=follow, after_cursor=query.get("after_cursor"))
     try:
-        _known(db, run_id)
+        require_watchable(db, run_id)
     except BaseException:
         stream.close()
         raise
@@ -83,20 +82,6 @@ def _flag(text: str) -> bool:
     if text in ("false", "0"):
         return False
     raise ControlError("invalid_options", f"follow must be true or false, got {text[:20]!r}", option="follow")
-
-
-def _known(db: Database, run_id: str) -> None:
-    """``run_not_found`` for a run this database has neither a row nor a journal for (as ``smthrs watch``)."""
-    if not isinstance(read(db, [run_id]).items[0], Missing):
-        return
-    with watch(db, run_id, follow=False) as probe:
-        for _ in probe:
-            return
-    raise ControlError(
-        "run_not_found",
-        f"run {run_id!r} does not exist and has no journal here; the `runs` method lists the runs",
-        run_id=run_id,
-    )
 
 
 def _line(ev: ControlEvent) -> str:

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from ..control.authority import NodeTarget, PlanTarget
-from ..control.cards import Envelope
 from ..control.control import Control
 from ..control.identity import Principal, refuse
 from ..errors import ControlError, InvalidInput, SmthrsError
@@ -318,45 +317,8 @@ class Methods:
         return {**receipt_payload(self.control, receipt, operation="signal"), "name": name}
 
     def _target(self, p: dict[str, Any]) -> PlanTarget | NodeTarget:
-        """The approval target named like ``smthrs approve IDENT [--request R] [--digest D]``: a plan card, or a
-        run's node request (without ``request``: the run's single pending one)."""
-        ident, request, digest = _str(p, "ident"), _opt_str(p, "request"), _opt_str(p, "digest")
-        control = self.control
-        if request is None:
-            try:
-                card = control.card(ident)
-            except ControlError as exc:
-                if exc.code != "plan_not_found":
-                    raise
-            else:
-                return PlanTarget(card.plan_id, digest or card.digest, card.envelope)
-            try:
-                view = control.show(ident)
-            except ControlError as exc:
-                if exc.code != "run_not_found":
-                    raise
-                raise ControlError(
-                    "plan_not_found",
-                    f"{ident!r} is neither a plan card nor a run; the `plan` method answers the plan id",
-                    plan_id=ident,
-                ) from None
-            names = [r.request_id for r in view.pending]
-            if len(names) != 1:
-                raise ControlError(
-                    "plan_not_found" if not names else "invalid_options",
-                    f"run {ident!r} has {len(names)} pending approval requests {names}; name one with request",
-                    run_id=ident,
-                )
-            request = names[0]
-        for r in control.show(ident).requests:
-            if r.request_id == request:
-                return NodeTarget(ident, request, digest or r.digest, Envelope.from_json(r.envelope))
-        raise ControlError(
-            "plan_not_found",
-            f"run {ident!r} has not asked for approval {request!r}; the `show` method lists its requests",
-            run_id=ident,
-            request_id=request,
-        )
+        """The approval target named like ``smthrs approve IDENT [--request R] [--digest D]``."""
+        return self.control.approval_target(_str(p, "ident"), _opt_str(p, "request"), _opt_str(p, "digest"))
 
     # -- reads ---------------------------------------------------------------------------------------------------------
     def _show(self, p: dict[str, Any]) -> dict[str, Any]:
