@@ -346,10 +346,6 @@ def test_smthrs_run_with_an_unknown_block_exits_2_naming_it_and_writes_nothing(t
     assert not (tmp_path / "ws").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs cli/cache.py `_open` to build its stores from Settings.artifacts_location() (issue 19 D report)",
-)
 def test_smthrs_cache_ls_with_shared_lists_the_blocks_shared_tier(tmp_path: Path, saved: Saved) -> None:
     ws = seeded(tmp_path / "a")
     with sp.open_runtime(ws, artifacts_block=saved.ref) as rt:
@@ -375,11 +371,6 @@ def shouting() -> int:
     return int(shout())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs hosts/_steprun.py (RuntimeSpec.artifacts_block) and hosts/flows.py to carry the block's name"
-    " (issue 19 D report)",
-)
 def test_a_step_in_a_flow_with_only_SMTHRS_ARTIFACTS_BLOCK_set_publishes_to_the_blocks_store(
     tmp_path: Path, saved: Saved, monkeypatch: pytest.MonkeyPatch
 ) -> None:
