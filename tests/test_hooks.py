@@ -277,7 +277,12 @@ def test_smthrs_plugins_lists_what_loaded_and_from_where() -> None:
     by_name = {p["name"]: p for p in info["plugins"]}
     assert by_name["smthrs-builtin"]["source"] == "builtin"
     assert by_name["prefect"]["distribution"] == "smthrs-plugin"
-    assert set(by_name["prefect"]["hooks"]) == {"smthrs_hosts", "smthrs_run_settled", "smthrs_run_waker"}
+    assert set(by_name["prefect"]["hooks"]) == {
+        "smthrs_hosts",
+        "smthrs_run_settled",
+        "smthrs_run_waker",
+        "smthrs_approval_decided",
+    }
     assert info["hosts"] == ["prefect"]
     text = CliRunner().invoke(app, ["plugins"])
     assert text.exit_code == 0 and "local (default)" in text.output
