@@ -34,11 +34,13 @@ from sqlalchemy.engine import Connection
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes
 from ..errors import CanonicalError, StoreError
-from ..stores.database import Database
+from ..stores.database import Database, DriverStatement
 from ..stores.schema import journal_events
 
 __all__ = [
     "Journal",
+    "PendingRecord",
+    "record_cte",
     "JournalEvent",
     "Appended",
     "Duplicate",
@@ -136,14 +138,16 @@ class _Hub:
 
 
 _J = journal_events.c
-_BY_ADDRESS = sa.select(_J.seq, _J.type, _J.payload_json, _J.created_at_ms).where(
-    _J.partition == sa.bindparam("b_partition"),
-    _J.source_id == sa.bindparam("b_source_id"),
-    _J.source_seq == sa.bindparam("b_source_seq"),
+_BY_ADDRESS = DriverStatement(
+    sa.select(_J.seq, _J.type, _J.payload_json, _J.created_at_ms).where(
+        _J.partition == sa.bindparam("b_partition"),
+        _J.source_id == sa.bindparam("b_source_id"),
+        _J.source_seq == sa.bindparam("b_source_seq"),
+    )
 )
 # The next sequence is allocated and the record inserted in ONE statement (one round trip), inside the
 # writer's serialized transaction: max(seq) + 1 of the partition, 0 for a new one.
-_INSERT_NEXT = (
+_INSERT_NEXT = DriverStatement(
     sa.insert(journal_events)
     .from_select(
         ["partition", "seq", "source_id", "source_seq", "type", "payload_json", "created_at_ms"],
@@ -159,6 +163,52 @@ _INSERT_NEXT = (
     )
     .returning(_J.seq)
 )
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    """A validated record (no idempotency address) to be inserted by a statement built with :func:`record_cte`."""
+
+    partition: str
+    type: str
+    payload_json: str
+    created_at_ms: int
+
+    def params(self) -> dict[str, Any]:
+        """The bind parameters :func:`record_cte` reads."""
+        return {
+            "j_partition": self.partition,
+            "j_type": self.type,
+            "j_payload": self.payload_json,
+            "j_now": self.created_at_ms,
+        }
+
+
+def record_cte(source: sa.CTE, name: str = "journaled") -> sa.CTE:
+    """``INSERT INTO journal_events ... RETURNING seq`` as a data-modifying CTE (PostgreSQL) that appends the
+    :class:`PendingRecord` in the ``j_*`` parameters once per row of ``source`` (a one-row CTE of the state
+    change it records): the record commits with the change in one statement, or neither exists. The sequence
+    is allocated as by :meth:`Journal.append` (``max(seq) + 1`` in the writer's serializable transaction)."""
+    partition = sa.bindparam("j_partition", type_=sa.Text)
+    head = sa.select(sa.func.coalesce(sa.func.max(_J.seq), -1) + 1).where(_J.partition == partition)
+    return (
+        sa.insert(journal_events)
+        .from_select(
+            ["partition", "seq", "source_id", "source_seq", "type", "payload_json", "created_at_ms"],
+            sa.select(
+                partition,
+                head.scalar_subquery(),
+                sa.null(),
+                sa.null(),
+                sa.bindparam("j_type", type_=sa.Text),
+                sa.bindparam("j_payload", type_=sa.Text),
+                sa.bindparam("j_now", type_=sa.BigInteger),
+            ).select_from(source),
+        )
+        .returning(_J.seq)
+        .cte(name)
+    )
+
 
 _HUBS: dict[str, _Hub] = {}
 _HUBS_LOCK = threading.Lock()
@@ -195,6 +245,25 @@ class Journal:
             lambda conn: self._append(conn, partition, type, payload_json, source_id, source_seq)
         )
 
+    def encode(self, partition: str, type: str, payload: Any) -> PendingRecord:
+        """Validate and encode a record for a statement that inserts it itself (:func:`record_cte`); refused
+        exactly as :meth:`append` refuses it, before anything is written."""
+        return PendingRecord(
+            partition, type, _validate(partition, type, payload, None, None), self.clock.now_ms()
+        )
+
+    def written(self, record: PendingRecord, seq: int) -> Appended:
+        """The outcome of a :class:`PendingRecord` its statement inserted at ``seq``; subscribers are notified
+        after the commit (at once when the statement committed alone, else when the open write commits)."""
+        event = JournalEvent(
+            record.partition, seq, record.type, json.loads(record.payload_json), record.created_at_ms
+        )
+        if self.db.in_write():
+            self.db.on_commit(lambda: self._hub.publish(event))
+        else:
+            self._hub.publish(event)
+        return Appended(event)
+
     def append_in(
         self,
         conn: Connection,
@@ -224,9 +293,9 @@ class Journal:
         source_seq: int | None,
     ) -> AppendOutcome:
         if source_id is not None:
-            row = conn.execute(
-                _BY_ADDRESS, {"b_partition": partition, "b_source_id": source_id, "b_source_seq": source_seq}
-            ).first()
+            row = _BY_ADDRESS.first(
+                conn, {"b_partition": partition, "b_source_id": source_id, "b_source_seq": source_seq}
+            )
             if row is not None:
                 if row.type == type and row.payload_json == payload_json:
                     existing = JournalEvent(
@@ -244,8 +313,8 @@ class Journal:
                     source_seq=source_seq,
                 )
         now = self.clock.now_ms()
-        seq = conn.execute(
-            _INSERT_NEXT,
+        inserted = _INSERT_NEXT.first(
+            conn,
             {
                 "b_partition": partition,
                 "b_source_id": source_id,
@@ -254,7 +323,9 @@ class Journal:
                 "b_payload": payload_json,
                 "b_now": now,
             },
-        ).scalar_one()
+        )
+        assert inserted is not None  # INSERT ... SELECT of an aggregate always yields one row
+        seq = inserted.seq
         event = JournalEvent(partition, int(seq), type, json.loads(payload_json), now, source_id, source_seq)
         self.db.on_commit(lambda: self._hub.publish(event))
         return Appended(event)

@@ -9,6 +9,10 @@ Invariants:
   (token) unless another incarnation holds a fresh one (:class:`ClaimLost`); *activation* turns the row
   ``running`` under the claimant only if the row still carries that token (:class:`ActivationLost` otherwise:
   recovery fencing or an expired claim taken over in between). Of two racing claimants exactly one activates.
+  In the common case each is ONE conditional statement (reserve: ``UPDATE ... WHERE claimable RETURNING``;
+  activate: ``UPDATE ... WHERE token, status and waiting reason unchanged RETURNING``); a miss writes nothing
+  and the row is then judged as read in a transaction, exactly as before. On PostgreSQL the activation and its
+  journal record are one statement too (see fence.RunUpdate.write_journaled).
 - A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
   verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
   ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired (heartbeat age ≥
@@ -33,24 +37,28 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import FenceLost, StoreError
 from ..settings import Settings, load_settings
-from ..stores.database import Database
+from ..stores.database import Database, DriverStatement
 from ..stores.schema import TERMINAL_STATUSES, runs
-from .facts import execution_fact
 from .fence import (
-    BUMP_REVISION_CTE,
     CLEAR_CLAIM,
     CLEAR_OWNER,
     CLEAR_WAIT,
+    OBSERVED_COLUMNS,
+    OWNED,
     FenceRow,
     OwnerId,
+    RunUpdate,
     assert_owner,
     bump_run,
+    bump_run_observed,
     current_owner,
+    fact_of,
+    remember_observed,
 )
 from .journal import Journal
 from .liveness import Alive, Dead, LeaseLiveness, LivenessCheck, LivenessContext, process_start_token
@@ -163,6 +171,15 @@ class Released:
 @dataclass(frozen=True)
 class _Reserved:
     token: str
+    seen: Any  # the row's observed columns (fence.OBSERVED_COLUMNS) when reserved: activation expects them
+
+    @property
+    def status(self) -> str:
+        return str(self.seen.status)
+
+    @property
+    def waiting_reason(self) -> str | None:
+        return self.seen.waiting_reason  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -209,9 +226,9 @@ class Ownership:
         for _ in range(_ARBITRATION_ROUNDS):
             # The common case (a pending or suspended run) reserves in the same transaction that reads the row;
             # a running row is judged outside any transaction (a liveness probe must not hold the write lock).
-            step = self.db.write(lambda c: self._reserve(c, run_id))
+            step = self._reserve_write(run_id)
             if isinstance(step, _Reserved):
-                return self._activate_write(run_id, step.token)
+                return self._activate_write(run_id, step)
             decision = self._arbitrate(step.row) if isinstance(step, _Running) else step
             if not isinstance(decision, _Changed):
                 return decision
@@ -223,7 +240,7 @@ class Ownership:
         The same arbitration as :meth:`claim`: a run that is not running is simply claimed."""
         return self.claim(run_id)
 
-    def _arbitrate(self, row: Row[Any]) -> ClaimDecision | _Changed:
+    def _arbitrate(self, row: Any) -> ClaimDecision | _Changed:
         recorded = OwnerId(row.owner_host, int(row.owner_pid), row.owner_nonce)
         if recorded == self.owner:
             return Activated(
@@ -256,7 +273,7 @@ class Ownership:
         )
         return StealRefusedOwnerAlive(row.run_id, recorded, lease, verdict.evidence)
 
-    def _steal(self, conn: Connection, judged: Row[Any], recorded: OwnerId, lease: int, evidence: str) -> Any:
+    def _steal(self, conn: Connection, judged: Any, recorded: OwnerId, lease: int, evidence: str) -> Any:
         row = _select_row(conn, judged.run_id)
         if (
             row is None
@@ -267,11 +284,8 @@ class Ownership:
         ):
             return _CHANGED
         now = self.clock.now_ms()
-        rev = bump_run(
-            conn,
-            self.db,
-            row.run_id,
-            {**self._owner_values(now), **CLEAR_CLAIM, "updated_at_ms": now},
+        rev, fact = bump_run_observed(
+            conn, self.db, row.run_id, {**self._owner_values(now), **CLEAR_CLAIM, "updated_at_ms": now}
         )
         self.journal.append_in(
             conn,
@@ -282,10 +296,34 @@ class Ownership:
                 "to": self.owner.to_json(),
                 "evidence": evidence,
                 "lease": lease,
-                "fact": execution_fact(conn, row.run_id),
+                "fact": fact,
             },
         )
         return Activated(row.run_id, self.owner, rev, evidence, recorded, row.cancel_requested_at_ms)
+
+    def _reserve_write(self, run_id: str) -> _Reserved | _Running | ClaimDecision | _Changed:
+        # The common case is one conditional UPDATE, a transaction of its own (one round trip on PostgreSQL): a
+        # claimable row with no live foreign claim is reserved. Anything else (running, settled, missing, claimed
+        # by someone else) matched nothing and wrote nothing, and is judged on the row it is in a new transaction.
+        o = self.owner
+        token = uuid.uuid4().hex
+        now = self.clock.now_ms()
+        reserved = _RESERVE.write(
+            self.db,
+            {
+                "b_run_id": run_id,
+                "b_host": o.host_id,
+                "b_pid": o.pid,
+                "b_nonce": o.nonce,
+                "b_token": token,
+                "b_now": now,
+                "b_stale": self.stale_after_ms,
+            },
+        )
+        if reserved is not None:
+            remember_observed(self.db, reserved)
+            return _Reserved(token, reserved)
+        return self.db.write(lambda c: self._reserve(c, run_id))
 
     def _reserve(self, conn: Connection, run_id: str) -> _Reserved | _Running | ClaimDecision | _Changed:
         row = _select_row(conn, run_id)
@@ -319,12 +357,69 @@ class Ownership:
                 "updated_at_ms": now,
             },
         )
-        return _Reserved(token)
+        return _Reserved(token, row)
 
-    def _activate_write(self, run_id: str, token: str) -> ClaimDecision:
-        return self.db.write(lambda c: self._activate(c, run_id, token))
+    def _activate_write(self, run_id: str, reserved: _Reserved) -> ClaimDecision:
+        if self.db.dialect == "postgresql":
+            done = self._activate_alone(run_id, reserved)
+            if done is not None:
+                return done
+        return self.db.write(lambda c: self._activate(c, run_id, reserved))
 
-    def _activate(self, conn: Connection, run_id: str, token: str) -> ClaimDecision:
+    def _activate_alone(self, run_id: str, reserved: _Reserved) -> Activated | None:
+        # PostgreSQL: activation, revision and journal record in ONE statement (one round trip). The record's
+        # fact is computed from the row as reserved with the activation applied; the statement matches only if
+        # the row still is exactly that (token, status, every observed column), so the fact is the true one.
+        # None (nothing written) sends the caller down the multi-statement path below.
+        now = self.clock.now_ms()
+        seen = reserved.seen
+        after = seen._replace(
+            status="running",
+            started_at_ms=now if seen.started_at_ms is None else seen.started_at_ms,
+            waiting_reason=None,
+            wake_at_ms=None,
+            wait_token_digest=None,
+        )
+        record = self.journal.encode(
+            run_id,
+            "run-activated",
+            self._activation_payload(reserved.status, reserved.waiting_reason, fact_of(after)),
+        )
+        done = _ACTIVATE.write_journaled(self.db, self._activate_params(run_id, reserved, now), seen, record)
+        if done is None:
+            return None
+        remember_observed(self.db, done)
+        self.journal.written(record, int(done.seq))
+        return Activated(
+            run_id, self.owner, int(done.revision), cancel_requested_at_ms=done.cancel_requested_at_ms
+        )
+
+    def _activate_params(self, run_id: str, reserved: _Reserved, now: int) -> dict[str, Any]:
+        o = self.owner
+        return {
+            "b_run_id": run_id,
+            "b_token": reserved.token,
+            "b_from_status": reserved.status,
+            "b_from_reason": reserved.waiting_reason,
+            "b_host": o.host_id,
+            "b_pid": o.pid,
+            "b_nonce": o.nonce,
+            "b_proc_start": self._proc_start,
+            "b_now": now,
+        }
+
+    def _activate(self, conn: Connection, run_id: str, reserved: _Reserved) -> ClaimDecision:
+        # The common case in one statement: the row still carries our token AND the status and waiting reason
+        # it had when reserved, so the journaled ``from_status``/``waiting_reason`` are exactly the reserved ones.
+        # Any difference matched nothing, wrote nothing, and is judged below on the row as it is now.
+        now = self.clock.now_ms()
+        done = _ACTIVATE.first(conn, self._activate_params(run_id, reserved, now))
+        if done is not None:
+            remember_observed(self.db, done)
+            return self._activated(
+                conn, run_id, reserved.status, reserved.waiting_reason, done, fact_of(done)
+            )
+        token = reserved.token
         row = _select_row(conn, run_id)
         if row is None:
             return ActivationLost(run_id, "the run was deleted between claim and activation")
@@ -332,8 +427,7 @@ class Ownership:
             return Terminal(run_id, row.status)
         if row.claim_token != token or row.status not in CLAIMABLE_STATUSES:
             return ActivationLost(run_id, "the pending claim was cleared or superseded before activation")
-        now = self.clock.now_ms()
-        rev = bump_run(
+        rev, fact = bump_run_observed(
             conn,
             self.db,
             run_id,
@@ -346,12 +440,31 @@ class Ownership:
                 "updated_at_ms": now,
             },
         )
-        payload: dict[str, Any] = {"owner": self.owner.to_json(), "from_status": row.status}
-        if row.waiting_reason is not None:
-            payload["waiting_reason"] = row.waiting_reason
-        payload["fact"] = execution_fact(conn, run_id)
+        return self._activated(conn, run_id, row.status, row.waiting_reason, row, fact, rev)
+
+    def _activated(
+        self,
+        conn: Connection,
+        run_id: str,
+        from_status: str,
+        waiting_reason: str | None,
+        row: Any,
+        fact: dict[str, Any],
+        rev: int | None = None,
+    ) -> Activated:
+        payload = self._activation_payload(from_status, waiting_reason, fact)
         self.journal.append_in(conn, run_id, "run-activated", payload)
-        return Activated(run_id, self.owner, rev, cancel_requested_at_ms=row.cancel_requested_at_ms)
+        revision = int(row.revision) if rev is None else rev
+        return Activated(run_id, self.owner, revision, cancel_requested_at_ms=row.cancel_requested_at_ms)
+
+    def _activation_payload(
+        self, from_status: str, waiting_reason: str | None, fact: dict[str, Any]
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"owner": self.owner.to_json(), "from_status": from_status}
+        if waiting_reason is not None:
+            payload["waiting_reason"] = waiting_reason
+        payload["fact"] = fact
+        return payload
 
     def _owner_values(self, now: int) -> dict[str, Any]:
         return {
@@ -365,20 +478,15 @@ class Ownership:
     # -- while owning ------------------------------------------------------------------------------------------
     def heartbeat(self, run_id: str) -> Heartbeat:
         """Renew the lease of an owned run (fenced); raises ``FenceLost`` when the run was taken over."""
-        return self.db.write(lambda c: self._heartbeat(c, run_id))
-
-    def _heartbeat(self, conn: Connection, run_id: str) -> Heartbeat:
         now = self.clock.now_ms()
         o = self.owner
         args = {"b_run_id": run_id, "b_host": o.host_id, "b_pid": o.pid, "b_nonce": o.nonce, "b_now": now}
-        if self.db.dialect == "postgresql":
-            # One round trip: the revision bump rides in a data-modifying CTE of the fenced UPDATE (it runs even
-            # when the fence matches nothing; the FenceLost below rolls it back).
-            row = conn.execute(_HEARTBEAT_PG, args).first()
-        else:
-            row = conn.execute(_HEARTBEAT, {**args, "b_rev": self.db.next_revision(conn)}).first()
+        # One fenced statement is the whole transaction (one round trip on PostgreSQL): the fence is the
+        # UPDATE's own WHERE clause and the revision bump happens only when it matched.
+        row = _HEARTBEAT.write(self.db, args)
         if row is None:
-            assert_owner(conn, run_id, self.owner)  # raises FenceLost with what the row says now
+            # Nothing was written; say who holds the run now (assert_owner raises FenceLost when it is not us).
+            self.db.read(lambda c: assert_owner(c, run_id, self.owner))
             raise FenceLost("fence_lost", f"{self.owner} no longer owns run {run_id!r}", run_id=run_id)
         return Heartbeat(run_id, now, int(row.revision), row.cancel_requested_at_ms)
 
@@ -394,7 +502,7 @@ class Ownership:
 
     def _release(self, conn: Connection, run_id: str, cause: str) -> Released:
         now = self.clock.now_ms()
-        rev = bump_run(
+        rev, fact = bump_run_observed(
             conn,
             self.db,
             run_id,
@@ -411,45 +519,66 @@ class Ownership:
             conn,
             run_id,
             "interrupt-released",
-            {"cause": cause, "owner": self.owner.to_json(), "fact": execution_fact(conn, run_id)},
+            {"cause": cause, "owner": self.owner.to_json(), "fact": fact},
         )
         return Released(run_id, rev)
 
 
-_SELECT_ROW = sa.select(runs).where(runs.c.run_id == sa.bindparam("b_run_id"))
-_HEARTBEAT = (
-    sa.update(runs)
-    .where(
-        runs.c.run_id == sa.bindparam("b_run_id"),
-        runs.c.status == "running",
-        runs.c.owner_host == sa.bindparam("b_host"),
-        runs.c.owner_pid == sa.bindparam("b_pid"),
-        runs.c.owner_nonce == sa.bindparam("b_nonce"),
-    )
-    .values(
-        heartbeat_at_ms=sa.bindparam("b_now"),
-        updated_at_ms=sa.bindparam("b_now"),
-        revision=sa.bindparam("b_rev"),
-    )
-    .returning(runs.c.revision, runs.c.cancel_requested_at_ms)
+_r = runs.c
+_SELECT_ROW = DriverStatement(sa.select(runs).where(_r.run_id == sa.bindparam("b_run_id")))
+_HEARTBEAT = RunUpdate(
+    {"heartbeat_at_ms": sa.bindparam("b_now"), "updated_at_ms": sa.bindparam("b_now")},
+    where=OWNED,
+    returning=(_r.cancel_requested_at_ms,),
 )
-_HEARTBEAT_PG = (
-    sa.update(runs)
-    .where(
-        runs.c.run_id == sa.bindparam("b_run_id"),
-        runs.c.status == "running",
-        runs.c.owner_host == sa.bindparam("b_host"),
-        runs.c.owner_pid == sa.bindparam("b_pid"),
-        runs.c.owner_nonce == sa.bindparam("b_nonce"),
-    )
-    .values(
-        heartbeat_at_ms=sa.bindparam("b_now"),
-        updated_at_ms=sa.bindparam("b_now"),
-        revision=sa.select(BUMP_REVISION_CTE.c.revision).scalar_subquery(),
-    )
-    .returning(runs.c.revision, runs.c.cancel_requested_at_ms)
+# Reserve a claimable row unless another incarnation holds a claim younger than the stale window (the same
+# judgement _reserve makes in Python on a row it read; a row this misses gets that judgement).
+_RESERVE = RunUpdate(
+    {
+        "claim_host": sa.bindparam("b_host"),
+        "claim_pid": sa.bindparam("b_pid"),
+        "claim_nonce": sa.bindparam("b_nonce"),
+        "claim_token": sa.bindparam("b_token"),
+        "claimed_at_ms": sa.bindparam("b_now"),
+        "updated_at_ms": sa.bindparam("b_now"),
+    },
+    where=sa.and_(
+        sa.or_(_r.status == "pending", _r.status == "suspended"),
+        sa.or_(
+            _r.claim_token.is_(None),
+            sa.and_(
+                _r.claim_host == sa.bindparam("b_host"),
+                _r.claim_pid == sa.bindparam("b_pid"),
+                _r.claim_nonce == sa.bindparam("b_nonce"),
+            ),
+            sa.bindparam("b_now", type_=sa.BigInteger) - _r.claimed_at_ms
+            >= sa.bindparam("b_stale", type_=sa.BigInteger),
+        ),
+    ),
+    returning=OBSERVED_COLUMNS,
+)
+_ACTIVATE = RunUpdate(
+    {
+        "status": "running",
+        "owner_host": sa.bindparam("b_host"),
+        "owner_pid": sa.bindparam("b_pid"),
+        "owner_nonce": sa.bindparam("b_nonce"),
+        "owner_proc_start": sa.bindparam("b_proc_start", type_=sa.Text),
+        "heartbeat_at_ms": sa.bindparam("b_now"),
+        **{c: None for c in CLEAR_CLAIM},
+        **{c: None for c in CLEAR_WAIT},
+        "started_at_ms": sa.func.coalesce(_r.started_at_ms, sa.bindparam("b_now", type_=sa.BigInteger)),
+        "updated_at_ms": sa.bindparam("b_now"),
+    },
+    where=sa.and_(
+        _r.claim_token == sa.bindparam("b_token"),
+        _r.status == sa.bindparam("b_from_status"),
+        _r.waiting_reason.is_not_distinct_from(sa.bindparam("b_from_reason", type_=sa.Text)),
+    ),
+    returning=OBSERVED_COLUMNS,  # cancel_requested_at_ms is among them
+    journaled=True,
 )
 
 
-def _select_row(conn: Connection, run_id: str) -> Row[Any] | None:
-    return conn.execute(_SELECT_ROW, {"b_run_id": run_id}).first()
+def _select_row(conn: Connection, run_id: str) -> Any | None:
+    return _SELECT_ROW.first(conn, {"b_run_id": run_id})

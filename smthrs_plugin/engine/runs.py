@@ -17,7 +17,9 @@ Invariants:
   transition whose run had a cancellation requested settles ``cancelled`` instead and answers
   :class:`Cancelled` (the explicit outcome; ``fence.assert_owner(terminal=True)`` is the raising variant for
   other terminal writers). Every transition journals its record in the run's partition in the same transaction,
-  with the run's execution fact (``facts.py``: the observation read back after the change).
+  with the run's execution fact (``facts.py``: the observation of the row as the change left it, returned by the
+  fenced UPDATE itself; on PostgreSQL a suspension may be one statement with its record, see
+  ``fence.bump_run_journaled``).
 - **Corruption is local.** List reads skip a row that does not decode, with ONE warning naming its key; point
   reads fail with ``decode_failed`` (reporting "no row" for a durably recorded but unreadable run would re-run
   work whose side effects already ran).
@@ -41,7 +43,16 @@ from ..errors import StoreError
 from ..stores.database import Database
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, run_tombstones, runs
 from .facts import execution_fact
-from .fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT, OwnerId, assert_owner, bump_run
+from .fence import (
+    CLEAR_CLAIM,
+    CLEAR_OWNER,
+    CLEAR_WAIT,
+    OwnerId,
+    assert_owner,
+    bump_run,
+    bump_run_journaled,
+    bump_run_observed,
+)
 from .journal import Journal
 from .run_dag import ParentExisting, ParentRecorded, RunEdge, cycle_error, edges, record_parent
 from .run_records import (
@@ -345,11 +356,11 @@ class RunStore:
                 row = _select(conn, run_id)
                 if row is not None and row.cancel_ack_nonce is None:
                     values.update(_ack_values(owner, now))
-            rev = bump_run(conn, self.db, run_id, values)
+            rev, observed = bump_run_observed(conn, self.db, run_id, values)
             fact: dict[str, Any] = {"status": values["status"]}
             if values["status"] != status:
                 fact["requested_status"] = status
-            fact["fact"] = execution_fact(conn, run_id)
+            fact["fact"] = observed
             self.journal.append_in(conn, run_id, "run-settled", fact)
             if values["status"] != status:
                 assert requested is not None
@@ -376,30 +387,42 @@ class RunStore:
             raise StoreError("invalid_argument", "token must be a non-empty string")
         waiting = Waiting(reason, wake_at_ms, None if token is None else sha256_hex(token.encode("utf-8")))
 
-        def fn(conn: Connection) -> Suspended:
-            now = self.clock.now_ms()
-            rev = bump_run(
-                conn,
-                self.db,
-                run_id,
-                {
-                    **CLEAR_OWNER,
-                    **CLEAR_CLAIM,
-                    "status": "suspended",
-                    "waiting_reason": waiting.reason,
-                    "wake_at_ms": waiting.wake_at_ms,
-                    "wait_token_digest": waiting.token_digest,
-                    "updated_at_ms": now,
-                },
-                owner=owner,
-            )
+        def values(now: int) -> dict[str, Any]:
+            return {
+                **CLEAR_OWNER,
+                **CLEAR_CLAIM,
+                "status": "suspended",
+                "waiting_reason": waiting.reason,
+                "wake_at_ms": waiting.wake_at_ms,
+                "wait_token_digest": waiting.token_digest,
+                "updated_at_ms": now,
+            }
+
+        def payload(observed: dict[str, Any]) -> dict[str, Any]:
             fact: dict[str, Any] = {"reason": reason}
             if wake_at_ms is not None:
                 fact["wake_at_ms"] = wake_at_ms
             if waiting.token_digest is not None:
                 fact["token_digest"] = waiting.token_digest
-            fact["fact"] = execution_fact(conn, run_id)
-            self.journal.append_in(conn, run_id, "run-suspended", fact)
+            fact["fact"] = observed
+            return fact
+
+        # PostgreSQL: the whole transition in one statement when this process's hint of the row still holds.
+        alone = bump_run_journaled(
+            self.db,
+            run_id,
+            values(self.clock.now_ms()),
+            owner=owner,
+            journal=self.journal,
+            type="run-suspended",
+            payload=payload,
+        )
+        if alone is not None:
+            return Suspended(run_id, waiting, alone[0])
+
+        def fn(conn: Connection) -> Suspended:
+            rev, observed = bump_run_observed(conn, self.db, run_id, values(self.clock.now_ms()), owner=owner)
+            self.journal.append_in(conn, run_id, "run-suspended", payload(observed))
             return Suspended(run_id, waiting, rev)
 
         return self.db.write(fn)

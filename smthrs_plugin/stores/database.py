@@ -14,6 +14,15 @@ Invariants:
   registration order; callbacks of a rolled-back savepoint or of a retried attempt are discarded.
 - **Global revision.** :meth:`Database.next_revision` bumps the per-database revision counter in the caller's
   transaction; stores call it for every run-row mutation, so revision order is commit order.
+- **One-statement transactions.** :meth:`Database.write_statement` runs a statement that is a whole write
+  transaction by itself; on PostgreSQL it is sent outside BEGIN/COMMIT at the same SERIALIZABLE level (one
+  round trip instead of three), with the same retry.
+- **Writers are reused, never shared.** A write connection whose transaction ended cleanly is kept for the next
+  write of any thread (see :meth:`_Handle.take_writer`): one transaction at a time on it, never two.
+- **Hot statements skip SQLAlchemy's execution layer, nothing else.** A :class:`DriverStatement` is a Core
+  statement compiled once per dialect and sent to the driver connection of the caller's open transaction: same
+  SQL, same connection, same transaction, same error mapping (driver errors are re-raised as SQLAlchemy
+  ``DBAPIError``, so the 40001 retry and the typed errors of :meth:`Database.write` apply unchanged).
 - **Per-process engines.** Engines are created lazily, once per (process, URL), and are never pickled: a
   :class:`Database` pickles as its URL and reopens in the receiving process (Prefect process pools, Dask).
 - **Durability is explicit.** SQLite file databases run in WAL mode with ``PRAGMA synchronous = FULL`` by
@@ -32,8 +41,10 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections import deque, namedtuple
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -41,6 +52,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Dialect as SaDialect
+from sqlalchemy.sql.expression import Executable
 
 from ..errors import SmthrsError, StoreError
 from ..settings import SqliteSynchronous, sqlite_synchronous_setting
@@ -49,6 +62,7 @@ from ._dberrors import RETRY_SQLSTATES, connect, sqlstate, store_error
 
 __all__ = [
     "Database",
+    "DriverStatement",
     "open_database",
     "normalize_url",
     "Dialect",
@@ -71,6 +85,18 @@ MAX_WRITE_ATTEMPTS = 64
 _PG_CONNECT_TIMEOUT_S = 5
 #: A pooled PostgreSQL connection idle longer than this is pinged before reuse.
 _PG_IDLE_PING_S = 5.0
+#: Write connections kept checked out between transactions (the pool size: see _Handle.take_writer).
+_IDLE_WRITERS = 8
+#: This process's pid, renewed in a forked child (os.getpid() is a system call; handles are looked up per call).
+_PID = os.getpid()
+
+
+def _renew_pid() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_renew_pid)
 
 
 def open_database(url: str, *, sqlite_synchronous: str | None = None) -> Database:
@@ -120,6 +146,7 @@ class Database:
         #: ``PRAGMA synchronous`` of this process's SQLite connections (see :func:`open_database`).
         self.sqlite_synchronous: SqliteSynchronous = sqlite_synchronous
         self._source_id: str | None = None
+        self._h: _Handle | None = None  # this process's handle, cached (revalidated: pid, disposal)
 
     # -- pickling: the URL and the durability mode travel, engines never do ---------------------------------
     def __reduce__(self) -> tuple[Callable[..., Database], tuple[str, SqliteSynchronous]]:
@@ -140,11 +167,33 @@ class Database:
         tx = h.tx()
         if tx.conn is not None:
             return _nested(tx, fn)
+        result, callbacks = self._retrying(lambda: _outermost(h, tx, fn))
+        _run_callbacks(callbacks)
+        return result
+
+    def write_statement(self, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:
+        """Run ONE statement as a whole serializable write transaction; return its first row (or None).
+
+        PostgreSQL: the statement is sent alone, outside any BEGIN (write connections default to SERIALIZABLE,
+        see ``_postgres_engines``), so it is its own transaction and commits when it completes: one round trip
+        instead of three (BEGIN, statement, COMMIT), the same isolation, atomicity and durability, and the same
+        whole-transaction retry on 40001/40P01. SQLite: a ``BEGIN IMMEDIATE`` transaction like any write (the
+        round trips cost nothing there). Inside an open write on this thread it joins it like :meth:`write`.
+        Use it only where the statement alone is the whole transaction (data-modifying CTEs included); outside
+        an open write it has committed when this returns, so post-commit work is the caller's to do then.
+        """
+        h = self._handle()
+        tx = h.tx()
+        if tx.conn is not None or self.dialect != "postgresql":
+            return self.write(lambda c: stmt.first(c, params))
+        return self._retrying(lambda: _statement_alone(h, stmt, params))
+
+    def _retrying(self, attempt_once: Callable[[], T]) -> T:
         attempt = 0
         while True:
             attempt += 1
             try:
-                result, callbacks = _outermost(h, tx, fn)
+                return attempt_once()
             except SmthrsError:
                 raise
             except sa_exc.DBAPIError as exc:
@@ -155,11 +204,9 @@ class Database:
                     continue
                 raise store_error(self, exc, "write", attempts=attempt) from exc
             except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
-                # sqlite3.Error: raised unwrapped by the statements we send on the driver connection directly
-                # (BEGIN IMMEDIATE, the revision bump), e.g. "database is locked" past the busy timeout.
+                # sqlite3.Error: raised unwrapped by code that sends statements on the driver connection itself
+                # (DriverStatement and the transaction boundaries wrap theirs), e.g. "database is locked".
                 raise store_error(self, exc, "write", attempts=attempt) from exc
-            _run_callbacks(callbacks)
-            return result
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` in a read transaction (one coherent snapshot). Inside an open write on this thread it
@@ -208,15 +255,9 @@ class Database:
 
     def next_revision(self, conn: Connection) -> int:
         """Bump the global revision in ``conn``'s (write) transaction and return the new value."""
-        if self.dialect == "sqlite":
-            # The most executed statement of the store (every run-row mutation): on SQLite it goes straight to
-            # the driver, a third of a fenced heartbeat's Python overhead. Same SQL, same transaction.
-            try:
-                row = conn.connection.driver_connection.execute(_SQLITE_BUMP_SQL).fetchone()  # type: ignore[union-attr]
-            except sqlite3.Error as exc:
-                raise store_error(self, exc, "write") from exc
-            return int(row[0])
-        return int(conn.execute(_BUMP_REVISION).scalar_one())
+        row = _BUMP_REVISION.first(conn)
+        assert row is not None  # the meta row exists from the first migration on
+        return int(row[0])
 
     def revision(self) -> int:
         """The current global revision (committed, or this thread's open write)."""
@@ -245,7 +286,10 @@ class Database:
         _Registry.dispose(self.url)
 
     def _handle(self) -> _Handle:
-        return _Registry.get(self)
+        h = self._h
+        if h is None or h.pid != _PID or h.disposed:
+            h = self._h = _Registry.get(self)
+        return h
 
 
 def _reopen(url: str, sqlite_synchronous: SqliteSynchronous) -> Database:
@@ -256,14 +300,127 @@ def _reopen(url: str, sqlite_synchronous: SqliteSynchronous) -> Database:
 # ---------------------------------------------------------------------------------------------------------
 # Transactions
 
-# Hot statements are built once: SQLAlchemy then reuses their memoized cache key and compiled form.
-_BUMP_REVISION = (
+
+class DriverStatement:
+    """A hot Core statement, compiled once per dialect and executed on the driver connection of an open transaction.
+
+    Why: SQLAlchemy's per-execution layer (execution context, events, result wrapping) costs tens of µs a
+    statement, several times what SQLite needs for a one-row UPDATE, and the fenced run transitions, fence reads
+    and journal appends run thousands of times a second. Only that layer is skipped: the SQL is what SQLAlchemy
+    compiles for the engine's own dialect, it runs on the caller's connection inside the caller's transaction
+    (savepoints included), psycopg still prepares it server-side after a few executions, and a driver error is
+    re-raised as the ``DBAPIError`` SQLAlchemy would have raised (a lost connection is invalidated first), so
+    :meth:`Database.write` retries serialization failures and maps errors exactly as for any other statement.
+
+    Allowed statements (checked at first compile, a programming error otherwise): scalar binds of types the
+    driver adapts itself (integers, text, NULL), no expanding ``IN``. Result rows are named tuples (attribute
+    access like SQLAlchemy rows).
+    """
+
+    __slots__ = ("stmt", "_compiled", "_lock")
+
+    def __init__(self, stmt: Executable) -> None:
+        self.stmt = stmt
+        self._compiled: dict[str, _DriverForm] = {}
+        self._lock = threading.Lock()
+
+    def first(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Any | None:
+        """The first result row (a named tuple), or None when the statement returned no row."""
+        rows = self._run(conn, params, fetch=True)
+        return rows[0] if rows else None
+
+    def all(self, conn: Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Every result row (named tuples)."""
+        return self._run(conn, params, fetch=True)  # type: ignore[no-any-return]
+
+    def rowcount(self, conn: Connection, params: Mapping[str, Any] | None = None) -> int:
+        """Execute a statement that returns no rows; the number of rows it matched."""
+        return self._run(conn, params, fetch=False)  # type: ignore[no-any-return]
+
+    def _form(self, dialect: SaDialect) -> _DriverForm:
+        form = self._compiled.get(dialect.name)
+        if form is None:
+            with self._lock:
+                form = self._compiled.get(dialect.name)
+                if form is None:
+                    form = self._compiled[dialect.name] = _DriverForm.compile(self.stmt, dialect)
+        return form
+
+    def _run(self, conn: Connection, params: Mapping[str, Any] | None, *, fetch: bool) -> Any:
+        form = self._compiled.get(conn.dialect.name) or self._form(conn.dialect)
+        args = form.args({**form.defaults, **params} if params else form.defaults)
+        try:
+            cur = conn.connection.driver_connection.execute(form.sql, args)  # type: ignore[union-attr]
+            if not fetch:
+                return cur.rowcount
+            rows = cur.fetchall()
+            if not rows:
+                return rows
+            make = form.row_type
+            if make is None:
+                names = [d[0] for d in cur.description]
+                make = form.row_type = namedtuple("DriverRow", names, rename=True)  # type: ignore[misc]
+            return list(map(make._make, rows))
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _driver_error(conn, form.sql, args, exc) from exc
+
+
+@dataclass
+class _DriverForm:
+    sql: str
+    order: tuple[str, ...] | None  # bind names in placeholder order (positional paramstyles), else None
+    defaults: dict[str, Any]  # values of the statement's literal binds (status = 'running', revision + 1)
+    row_type: Any = None  # named tuple of the result columns, made at the first result
+    args: Callable[[dict[str, Any]], Any] = field(init=False)  # merged parameters -> what the driver takes
+
+    def __post_init__(self) -> None:
+        if self.order is None:
+            self.args = dict  # named paramstyle (psycopg): a fresh mapping the driver may keep
+        elif len(self.order) > 1:
+            self.args = itemgetter(*self.order)
+        else:
+            self.args = lambda merged: tuple(merged[k] for k in self.order or ())
+
+    @classmethod
+    def compile(cls, stmt: Executable, dialect: SaDialect) -> _DriverForm:
+        compiled = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
+        binds = list(compiled.binds.values())
+        for b in binds:
+            if b.expanding or not isinstance(b.type, (sa.Integer, sa.String, sa.types.NullType)):
+                raise TypeError(
+                    f"DriverStatement cannot pass bind {b.key!r} ({b.type!r}) to the driver as is"
+                )
+        required = {b.key for b in binds if b.required}
+        defaults = {
+            k: v
+            for k, v in compiled.construct_params({k: None for k in required}).items()
+            if k not in required
+        }
+        order = tuple(compiled.positiontup) if compiled.positional else None
+        return cls(compiled.string, order, defaults)
+
+
+def _driver_error(conn: Connection, sql: str, args: Any, exc: Any) -> sa_exc.StatementError:
+    # What Connection._handle_dbapi_exception does for a statement it ran itself: a lost connection is
+    # invalidated (the pool replaces it) and the error is wrapped so callers see SQLAlchemy's exception types
+    # (a driver Error always becomes a DBAPIError subclass: OperationalError, IntegrityError, ...).
+    dialect = conn.dialect
+    lost = dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
+    wrapped = sa_exc.DBAPIError.instance(
+        sql, args, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect
+    )
+    if lost:
+        conn.invalidate(exc)
+    return wrapped
+
+
+# The most executed statement of the store (every run-row mutation that does not fold the bump into its own).
+_BUMP_REVISION = DriverStatement(
     sa.update(schema.meta)
     .where(schema.meta.c.id == 1)
     .values(revision=schema.meta.c.revision + 1)
     .returning(schema.meta.c.revision)
 )
-_SQLITE_BUMP_SQL = "UPDATE meta SET revision = revision + 1 WHERE id = 1 RETURNING revision"
 
 
 @dataclass
@@ -275,14 +432,70 @@ class _Tx:
 
 
 def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, list[Callable[[], None]]]:
-    with connect(h.db_for_errors, h.write_engine) as conn:
+    # The transaction is opened and ended on the driver connection itself, not through SQLAlchemy's
+    # Transaction objects (two thirds of the Python cost of a small write transaction). SQLAlchemy joins it
+    # lazily: a Core statement in ``fn`` autobegins its Transaction on top (the begin listener sees the open
+    # SQLite transaction and sends nothing; psycopg's autobegin sends nothing either), and then SQLAlchemy
+    # commits or rolls back, so its view and the driver's never disagree.
+    conn = h.take_writer()
+    reusable = False
+    try:
+        driver: Any = conn.connection.driver_connection
         tx.conn, tx.callbacks = conn, [[]]
+        if h.begin_sql is not None:
+            _on_driver(conn, h.begin_sql, driver.execute, h.begin_sql)
         try:
-            with conn.begin():
-                result = fn(conn)
-            return result, tx.callbacks[0]
+            result = fn(conn)
+            if conn.in_transaction():
+                conn.commit()
+            else:
+                # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
+                _on_driver(conn, "COMMIT", driver.commit)
+        except BaseException:
+            _rollback(conn)
+            raise
+        reusable = True
+        return result, tx.callbacks[0]
+    finally:
+        tx.conn, tx.callbacks = None, []
+        h.give_back(conn, reusable)
+
+
+def _statement_alone(h: _Handle, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:
+    conn = h.take_writer()
+    reusable = False
+    try:
+        driver: Any = conn.connection.driver_connection
+        driver.autocommit = True  # the connection is idle: writers are given back only outside transactions
+        try:
+            row = stmt.first(conn, params)
         finally:
-            tx.conn, tx.callbacks = None, []
+            if not conn.invalidated:
+                driver.autocommit = False
+        reusable = True
+        return row
+    finally:
+        h.give_back(conn, reusable)
+
+
+def _on_driver(conn: Connection, what: str, call: Callable[..., Any], *args: Any) -> None:
+    try:
+        call(*args)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _driver_error(conn, what, (), exc) from exc
+
+
+def _rollback(conn: Connection) -> None:
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        elif not conn.invalidated:
+            conn.connection.driver_connection.rollback()  # type: ignore[union-attr]
+    except Exception:
+        # The original error is what matters (a 40001 must reach the retry loop); a connection that cannot roll
+        # back is not trusted again.
+        log.warning("rolling back a write transaction failed; discarding its connection", exc_info=True)
+        conn.invalidate()
 
 
 def _nested(tx: _Tx, fn: Callable[[Connection], T]) -> T:
@@ -361,7 +574,17 @@ class _Handle:
     db_for_errors: Database
     write_engine: Engine
     read_engine: Engine
+    #: What opens a write transaction on the driver (SQLite); None where the driver opens it itself (psycopg
+    #: sends BEGIN at the first statement, at the isolation level SQLAlchemy set on the connection).
+    begin_sql: str | None = None
+    #: How long an idle writer may wait in ``idle`` and still be reused without the pool's checkout (None:
+    #: forever). PostgreSQL: the pool pings a connection idle longer than this at checkout, so one is not kept.
+    reuse_within_s: float | None = None
     local: threading.local = field(default_factory=threading.local)
+    #: Write connections between two transactions, most recently used last (see take_writer).
+    idle: deque[tuple[Connection, float]] = field(default_factory=deque)
+    pid: int = field(default_factory=os.getpid)
+    disposed: bool = False
 
     def tx(self) -> _Tx:
         tx = getattr(self.local, "tx", None)
@@ -369,7 +592,56 @@ class _Handle:
             tx = self.local.tx = _Tx()
         return tx
 
+    def take_writer(self) -> Connection:
+        """A write connection, idle (no transaction open on it).
+
+        Why not always the pool: a checkout and checkin through SQLAlchemy's pool (with the Connection object
+        around it) costs more Python time than SQLite needs for a small write transaction. A writer that ended
+        its transaction cleanly is kept checked out in ``idle`` instead, up to the pool size, and handed to the
+        next write of any thread (one at a time: deque operations are atomic). Anything unusual closes it
+        back into the pool, whose checkout then does its usual work (reset, PostgreSQL liveness ping). A
+        PostgreSQL writer idle longer than ``reuse_within_s`` is pinged first, as the pool would (a server
+        restart must cost a reconnect, not a failed transition); one that fails the ping is discarded."""
+        idle = self.idle
+        while idle:
+            try:
+                conn, since = idle.pop()
+            except IndexError:
+                break
+            if self.reuse_within_s is None or time.monotonic() - since < self.reuse_within_s:
+                return conn
+            try:
+                _ping(conn.connection.dbapi_connection)
+            except Exception:
+                conn.invalidate()
+                conn.close()
+                continue
+            return conn
+        return connect(self.db_for_errors, self.write_engine)
+
+    def give_back(self, conn: Connection, reusable: bool) -> None:
+        """Keep ``conn`` for the next writer when it is clean, else close it back into the pool."""
+        if (
+            reusable
+            and not self.disposed
+            and not conn.invalidated
+            and not conn.in_transaction()
+            and len(self.idle) < _IDLE_WRITERS
+            # A callback that changed this Connection's options must not leak them into the next transaction.
+            and conn.get_execution_options() is self.write_engine.get_execution_options()
+        ):
+            self.idle.append((conn, time.monotonic()))
+            return
+        conn.close()
+
     def dispose(self) -> None:
+        self.disposed = True
+        while self.idle:
+            try:
+                conn, _ = self.idle.pop()
+            except IndexError:
+                break
+            conn.close()
         self.write_engine.dispose()
         self.read_engine.dispose()
 
@@ -382,7 +654,7 @@ class _Registry:
 
     @classmethod
     def get(cls, db: Database) -> _Handle:
-        k = (os.getpid(), db.url)
+        k = (_PID, db.url)
         h = cls._handles.get(k)
         if h is not None:
             return h
@@ -396,7 +668,7 @@ class _Registry:
     @classmethod
     def dispose(cls, url: str) -> None:
         with cls._lock:
-            h = cls._handles.pop((os.getpid(), url), None)
+            h = cls._handles.pop((_PID, url), None)
         if h is not None:
             h.dispose()
 
@@ -406,7 +678,10 @@ def _create_handle(db: Database) -> _Handle:
         write, read = _sqlite_engines(db)
     else:
         write, read = _postgres_engines(db)
-    h = _Handle(db_for_errors=db, write_engine=write, read_engine=read)
+    if db.dialect == "sqlite":
+        h = _Handle(db, write, read, begin_sql=_SQLITE_WRITE_BEGIN)
+    else:
+        h = _Handle(db, write, read, reuse_within_s=_PG_IDLE_PING_S)
     try:
         from ._migrate import ensure_schema
 
@@ -446,19 +721,25 @@ def _sqlite_engines(db: Database) -> tuple[Engine, Engine]:
             finally:
                 cur.close()
 
-        begin_sql = "BEGIN IMMEDIATE" if mode == "write" else "BEGIN"
+        begin_sql = _SQLITE_WRITE_BEGIN if mode == "write" else "BEGIN"
 
         @event.listens_for(eng, "begin")
         def _on_begin(conn: Connection) -> None:
             # IMMEDIATE takes the write lock up front: a deferred transaction that reads then writes can fail
             # with SQLITE_BUSY at the upgrade, which no busy timeout can fix (PREFECT.md §Databases).
             # Issued on the driver connection itself (what conn.exec_driver_sql would send, minus a full
-            # statement execution round through SQLAlchemy: ~10% of a small write transaction).
-            conn.connection.driver_connection.execute(begin_sql)  # type: ignore[union-attr]
+            # statement execution round through SQLAlchemy). A transaction already open on the driver is one
+            # Database.write opened itself (see _outermost): SQLAlchemy is joining it.
+            driver = conn.connection.driver_connection
+            if not driver.in_transaction:  # type: ignore[union-attr]
+                driver.execute(begin_sql)  # type: ignore[union-attr]
 
         return eng
 
     return make("write"), make("read")
+
+
+_SQLITE_WRITE_BEGIN = "BEGIN IMMEDIATE"
 
 
 def _enable_wal(cur: Any, db: Database) -> None:
@@ -514,6 +795,15 @@ def _postgres_engines(db: Database) -> tuple[Engine, Engine]:
     write = sa.create_engine(db.url, isolation_level="SERIALIZABLE", **common)
     # Read-only snapshots: REPEATABLE READ is one coherent snapshot and never fails with 40001.
     read = sa.create_engine(db.url, isolation_level="REPEATABLE READ", **common)
+
+    @event.listens_for(write, "connect")
+    def _serializable_by_default(dbapi_conn: Any, _record: Any) -> None:
+        # psycopg opens explicit transactions at SERIALIZABLE (the isolation_level above); this makes a
+        # statement sent outside one (Database.write_statement) its own transaction at the same level.
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SET default_transaction_isolation TO 'serializable'")
+        dbapi_conn.commit()
+
     for eng in (write, read):
         _ping_when_idle(eng)
     return write, read
@@ -533,8 +823,12 @@ def _ping_when_idle(engine: Engine) -> None:
         if since is None or time.monotonic() - since < _PG_IDLE_PING_S:
             return
         try:
-            with dbapi_conn.cursor() as cur:
-                cur.execute("SELECT 1")
-            dbapi_conn.rollback()
+            _ping(dbapi_conn)
         except Exception as exc:
             raise sa_exc.DisconnectionError(f"idle connection failed its ping: {exc}") from exc
+
+
+def _ping(dbapi_conn: Any) -> None:
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SELECT 1")
+    dbapi_conn.rollback()
