@@ -28,7 +28,8 @@ __all__ = ["FACT_VERSION", "execution_fact", "observation_of"]
 FACT_VERSION = 1
 
 _r = runs.c
-_OBSERVE = sa.select(
+#: The columns an execution fact observes (also what a transition RETURNs instead of reading back: fence.py).
+OBSERVED_COLUMNS = (
     _r.run_id,
     _r.flow,
     _r.status,
@@ -42,7 +43,8 @@ _OBSERVE = sa.select(
     _r.waiting_reason,
     _r.wake_at_ms,
     _r.wait_token_digest,
-).where(_r.run_id == sa.bindparam("b_run_id"))
+)
+_OBSERVE = sa.select(*OBSERVED_COLUMNS).where(_r.run_id == sa.bindparam("b_run_id"))
 
 
 class _Invalid(Exception):

@@ -43,7 +43,7 @@ from ..errors import FenceLost, StoreError
 from ..settings import Settings, load_settings
 from ..stores.database import Database, DriverStatement
 from ..stores.schema import meta, runs
-from .facts import FACT_VERSION, observation_of
+from .facts import FACT_VERSION, OBSERVED_COLUMNS, observation_of
 from .journal import Appended, Journal, PendingRecord, record_cte
 
 __all__ = [
@@ -129,22 +129,6 @@ _FENCE_ROW = DriverStatement(
 # building per call (the hot transitions run thousands of times a second).
 _UPDATE_RUN = sa.update(runs).where(runs.c.run_id == sa.bindparam("b_run_id"))
 
-#: The columns an execution fact observes (facts.py), returned by a transition instead of read back after it.
-OBSERVED_COLUMNS = (
-    _r.run_id,
-    _r.flow,
-    _r.status,
-    _r.created_at_ms,
-    _r.started_at_ms,
-    _r.finished_at_ms,
-    _r.parent_run_id,
-    _r.lineage_id,
-    _r.round_ordinal,
-    _r.cancel_requested_at_ms,
-    _r.waiting_reason,
-    _r.wake_at_ms,
-    _r.wait_token_digest,
-)
 
 #: Running and owned by the incarnation in the ``b_host``/``b_pid``/``b_nonce`` parameters.
 OWNED = sa.and_(
