@@ -21,6 +21,8 @@ pa = pytest.importorskip("pyarrow")
 pd = pytest.importorskip("pandas")
 cloudpickle = pytest.importorskip("cloudpickle")
 
+from test_frames import MemoryCAS  # noqa: E402  (the codec tests' in-memory content-addressed store)
+
 from smthrs_plugin.canonical import key  # noqa: E402
 from smthrs_plugin.codecs import _frames, _identity  # noqa: E402
 from smthrs_plugin.codecs._frames import forget_identities, frame_codecs  # noqa: E402
@@ -69,21 +71,6 @@ def receive(payload: bytes, **env: str) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)
     return result
-
-
-class MemoryCAS:
-    def __init__(self) -> None:
-        self.blobs: dict[str, bytes] = {}
-
-    def put(self, data: bytes) -> str:
-        import hashlib
-
-        digest = hashlib.sha256(data).hexdigest()
-        self.blobs[digest] = bytes(data)
-        return digest
-
-    def get(self, digest: str) -> bytes:
-        return self.blobs[digest]
 
 
 @pytest.fixture

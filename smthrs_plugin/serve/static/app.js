@@ -545,27 +545,11 @@
     knownRuns = new Set((runs || []).map((r) => r.run_id));
   }
 
-  const live = {
-    runId: null,
-    planId: null,
-    socket: null,
-    cursor: null,
-    status: "",
-    outcomes: new Map(),
-    rows: new Map(),
-    card: null,
-    retryMs: 500,
-    stopped: false,
-    events: 0,
-  };
-
-  function watchRun(runId, planId) {
-    if (!runId) return;
-    if (live.runId === runId && live.socket) return;
-    stopLive();
-    Object.assign(live, {
+  // The per-run part of the live view, fresh for every run watched.
+  function freshRun(runId, planId) {
+    return {
       runId: runId,
-      planId: planId || null,
+      planId: planId,
       cursor: null,
       status: "",
       outcomes: new Map(),
@@ -574,7 +558,16 @@
       retryMs: 500,
       stopped: false,
       events: 0,
-    });
+    };
+  }
+
+  const live = Object.assign({ socket: null }, freshRun(null, null));
+
+  function watchRun(runId, planId) {
+    if (!runId) return;
+    if (live.runId === runId && live.socket) return;
+    stopLive();
+    Object.assign(live, freshRun(runId, planId || null));
     $("live").hidden = false;
     $("live-run").textContent = runId;
     $("live-plan").textContent = planId || "";
