@@ -9,7 +9,14 @@ Write a plugin::
     def smthrs_plan_actions():
         return {"shout": lambda node_input, text="": text.upper()}
 
-and announce the module under ``[project.entry-points.smthrs]`` in its distribution's ``pyproject.toml``.
+and announce the module under ``[project.entry-points.smthrs]`` in its distribution's ``pyproject.toml``. Hooks are
+called through pluggy's own caller, so ``tryfirst``/``trylast``, ``firstresult`` and hook wrappers work as pluggy
+documents them::
+
+    @hookimpl(wrapper=True)
+    def smthrs_liveness_check(settings):
+        check = yield          # the answer of the plugins below this wrapper
+        return check           # ... or a replacement
 """
 
 from __future__ import annotations

@@ -8,11 +8,15 @@ Invariants
   plugin never degrades into "no plugin".
 - One process-wide manager (:func:`get_plugins`), loaded on first use (entry-point discovery costs ~20 ms, so
   ``smthrs --help`` never pays it). Tests build private ones with :func:`new_plugins`.
-- Answers are validated where they enter: a host provider without ``select``, an action that is not callable, a
-  runtime default outside :data:`~.specs.RUNTIME_DEFAULT_KEYS`, a run waker that is not callable, are typed
-  errors naming the plugin.
-- Observers are fanned out by :meth:`Plugins.notify_*`; an observer that raises is logged with its traceback and
-  the others still run (telemetry must not break the work it observes).
+- Every hook is called through pluggy's own caller, ``pm.hook.<name>(...)`` (:mod:`._calls`): ``firstresult``,
+  ``tryfirst``/``trylast``, hook wrappers and pluggy's tracing work as pluggy documents them. Nothing here calls
+  an implementation's function itself.
+- Answers are validated where they are final — after the call, once every hook wrapper has had its say: a host
+  provider without ``select``, an action that is not callable, a runtime default outside
+  :data:`~.specs.RUNTIME_DEFAULT_KEYS`, a run waker that is not callable, are typed errors naming the plugin
+  (found by asking each implementing plugin alone, through pluggy, only when the answer list cannot say).
+- Observers are told by :meth:`Plugins.notify_*` through ``pm.hook`` too; an observer that raises is logged with
+  its traceback naming its plugin and the others are still told (telemetry must not break the work it observes).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +39,7 @@ from ..scheduler.host import Host
 from ..scheduler.model import Report, Settlement
 from ..scheduler.reconcile import Reconciler
 from ..settings import Settings
+from ._calls import culprits, describe_culprits, notify, owned_answers
 from .defaults import BUILTIN_NAME, BuiltinPlugin
 from .specs import (
     ENTRY_POINT_GROUP,
@@ -81,6 +86,7 @@ class Plugins:
         self.pm = pm
         self._infos: dict[str, PluginInfo] = {i.name: i for i in infos}
         self._actions: dict[str, PlanAction] | None = None
+        self._action_owners: dict[str, str | None] = {}
 
     # -- registration ----------------------------------------------------------------------------------------
 
@@ -103,20 +109,25 @@ class Plugins:
         return out
 
     # -- implementations -------------------------------------------------------------------------------------
+    # Every answer comes from one pluggy call (``pm.hook.<name>``) and is validated here, where the answer is
+    # final: a hook wrapper of any plugin, in any order, has had its say (a built-in wrapper could be outranked
+    # by a later ``tryfirst`` wrapper and validate an answer that is then changed). ``_calls`` names the plugin.
 
     def host_providers(self, settings: Settings) -> list[HostProvider]:
         """Providers in priority order (highest first)."""
+        hook, kwargs = "smthrs_hosts", {"settings": settings}
         out: list[HostProvider] = []
-        for impl in _impls(self.pm, "smthrs_hosts"):
-            answer = impl.function(settings=settings)
-            items = [] if answer is None else answer if isinstance(answer, (list, tuple)) else [answer]
-            for p in items:
-                if not callable(getattr(p, "select", None)) or not isinstance(getattr(p, "name", None), str):
-                    raise PluginError(
+        for owner, answer in owned_answers(self.pm, hook, kwargs):
+            for p in _items(answer):
+                if not _is_provider(p):
+                    raise self._invalid(
                         "invalid_plugin",
-                        f"plugin {impl.plugin_name!r}: smthrs_hosts returned {p!r}, which is not a host provider "
-                        "(it needs a `name: str` and `select(request) -> Host | None`)",
-                        plugin=impl.plugin_name,
+                        hook,
+                        kwargs,
+                        owner,
+                        lambda a: any(not _is_provider(x) for x in _items(a)),
+                        f"smthrs_hosts returned {p!r}, which is not a host provider (it needs a `name: str` and "
+                        "`select(request) -> Host | None`)",
                     )
                 out.append(p)
         return out
@@ -136,106 +147,139 @@ class Plugins:
         return None
 
     def reconciler(self, settings: Settings) -> Reconciler:
+        """The ``smthrs_reconciler`` answer (``firstresult``; built-in: ``DefaultReconciler``)."""
         return self._first("smthrs_reconciler", "judge", settings)  # type: ignore[no-any-return]
 
     def liveness(self, settings: Settings) -> LivenessCheck:
+        """The ``smthrs_liveness_check`` answer (``firstresult``; built-in: ``LeaseLiveness``)."""
         return self._first("smthrs_liveness_check", "check", settings)  # type: ignore[no-any-return]
 
     def approval_authority(self, settings: Settings) -> Any:
+        """The ``smthrs_approval_authority`` answer (``firstresult``; built-in: only ``local/operator``)."""
         return self._first("smthrs_approval_authority", "authorize", settings)
 
     def _first(self, hook: str, method: str, settings: Settings) -> Any:
-        for impl in _impls(self.pm, hook):
-            answer = impl.function(settings=settings)
-            if answer is None:
-                continue
-            if not callable(getattr(answer, method, None)):
-                raise PluginError(
-                    "invalid_plugin",
-                    f"plugin {impl.plugin_name!r}: {hook} returned {answer!r}, which has no {method}() method",
-                    plugin=impl.plugin_name,
-                )
-            return answer
-        raise PluginError(
-            "invalid_plugin", f"no plugin answered {hook}; the built-in plugin {BUILTIN_NAME!r} is missing"
-        )
+        kwargs: dict[str, Any] = {"settings": settings}
+        answer = getattr(self.pm.hook, hook)(**kwargs)
+        if answer is None:
+            raise PluginError(
+                "invalid_plugin",
+                f"no plugin answered {hook}: a hook wrapper answered None or the built-in plugin {BUILTIN_NAME!r} "
+                "is missing; a wrapper must return the answer it was given or a replacement",
+            )
+        if not callable(getattr(answer, method, None)):
+            # firstresult: the culprit is the first plugin, in call order, whose own answer is invalid.
+            raise self._invalid(
+                "invalid_plugin",
+                hook,
+                kwargs,
+                None,
+                lambda a: a is not None and not callable(getattr(a, method, None)),
+                f"{hook} returned {answer!r}, which has no {method}() method",
+                first_only=True,
+            )
+        return answer
 
     def actions(self) -> Mapping[str, PlanAction]:
         """Every plan action by name (merged across plugins; computed once per manager)."""
-        if self._actions is not None:
-            return self._actions
+        if self._actions is None:
+            self._actions, self._action_owners = self._merge_actions()
+        return self._actions
+
+    def action_owners(self) -> dict[str, str | None]:
+        """Which plugin provides each plan action (what ``smthrs plugins`` prints); ``None`` for one only a hook
+        wrapper adds. Validated like :meth:`actions`."""
+        self.actions()
+        return dict(self._action_owners)
+
+    def _merge_actions(self) -> tuple[dict[str, PlanAction], dict[str, str | None]]:
+        hook, kwargs = "smthrs_plan_actions", dict[str, Any]()
         merged: dict[str, PlanAction] = {}
-        owner: dict[str, str] = {}
-        for impl in _impls(self.pm, "smthrs_plan_actions"):
-            answer = impl.function()
-            if answer is None:
-                continue
+        owners: dict[str, str | None] = {}
+        for owner, answer in owned_answers(self.pm, hook, kwargs):
             if not isinstance(answer, Mapping):
-                raise PluginError(
+                raise self._invalid(
                     "invalid_plugin",
-                    f"plugin {impl.plugin_name!r}: smthrs_plan_actions must return a mapping name -> callable, "
-                    f"got {type(answer).__name__}",
-                    plugin=impl.plugin_name,
+                    hook,
+                    kwargs,
+                    owner,
+                    lambda a: a is not None and not isinstance(a, Mapping),
+                    f"smthrs_plan_actions must return a mapping name -> callable, got {type(answer).__name__}",
                 )
-            for name, fn in answer.items():
-                if not isinstance(name, str) or not name or ":" in name or not callable(fn):
-                    raise PluginError(
+            for action, fn in answer.items():
+                if not _is_action(action, fn):
+                    raise self._invalid(
                         "invalid_plugin",
-                        f"plugin {impl.plugin_name!r}: action {name!r} must be a non-empty name without ':' mapped "
-                        "to a callable",
-                        plugin=impl.plugin_name,
+                        hook,
+                        kwargs,
+                        owner,
+                        lambda a: isinstance(a, Mapping) and not all(map(_is_action, a, a.values())),
+                        f"action {action!r} must be a non-empty name without ':' mapped to a callable",
                     )
-                if name in merged:
+                if action in merged:
+                    first = owners[action]
+                    if first is None or owner is None or first == owner:
+                        claim = describe_culprits(
+                            culprits(self.pm, hook, kwargs, _claims(action)),
+                            hook,
+                        )
+                    else:
+                        claim = describe_culprits([first, owner], hook)
                     raise PluginError(
                         "duplicate_action",
-                        f"plan action {name!r} is provided by both {owner[name]!r} and {impl.plugin_name!r}; "
+                        f"plan action {action!r} is provided by both {claim}; "
                         "uninstall one of them or ask its author to rename the action",
-                        action=name,
+                        action=action,
                     )
-                merged[name] = fn
-                owner[name] = impl.plugin_name
-        self._actions = merged
-        return merged
+                merged[action] = fn
+                owners[action] = owner
+        return merged, owners
 
     def host_waker(self, settings: Settings) -> HostWaker | None:
         """One waker over every plugin's ``smthrs_run_waker`` answer (``None`` when no plugin offers one): asked in
         priority order, the first answer other than ``HostNotParked`` wins (a run has one host). A waker that
         raises answers ``HostWakeFailed`` naming its plugin, with the exception as the cause."""
+        hook, kwargs = "smthrs_run_waker", {"settings": settings}
         wakers: list[tuple[str, HostWaker]] = []
-        for impl in _impls(self.pm, "smthrs_run_waker"):
-            answer = impl.function(settings=settings)
-            if answer is None:
-                continue
+        for owner, answer in owned_answers(self.pm, hook, kwargs):
             if not callable(answer):
-                raise PluginError(
+                raise self._invalid(
                     "invalid_plugin",
-                    f"plugin {impl.plugin_name!r}: smthrs_run_waker returned {answer!r}, which is not callable "
-                    "(it must be waker(run_id, journal) -> HostWoken | HostNotParked | HostWakeFailed)",
-                    plugin=impl.plugin_name,
+                    hook,
+                    kwargs,
+                    owner,
+                    lambda a: a is not None and not callable(a),
+                    f"smthrs_run_waker returned {answer!r}, which is not callable (it must be waker(run_id, "
+                    "journal) -> HostWoken | HostNotParked | HostWakeFailed)",
                 )
-            wakers.append((impl.plugin_name, answer))
+            # A waker only a hook wrapper gives has no plugin: it is named by its own ``host`` or its name.
+            wakers.append((owner or getattr(answer, "host", None) or _callable_name(answer), answer))
         return _MergedWaker(tuple(wakers)) if wakers else None
 
     def runtime_defaults(self, settings: Settings) -> dict[str, Any]:
         """Merged runtime defaults; a higher-priority plugin's key wins."""
+        hook, kwargs = "smthrs_runtime_defaults", {"settings": settings}
         out: dict[str, Any] = {}
-        for impl in reversed(_impls(self.pm, "smthrs_runtime_defaults")):
-            answer = impl.function(settings=settings)
-            if answer is None:
-                continue
+        # Answers come highest priority first: apply them lowest first so the higher one's key wins.
+        for owner, answer in reversed(owned_answers(self.pm, hook, kwargs)):
             if not isinstance(answer, Mapping):
-                raise PluginError(
+                raise self._invalid(
                     "invalid_default",
-                    f"plugin {impl.plugin_name!r}: smthrs_runtime_defaults must return a mapping",
-                    plugin=impl.plugin_name,
+                    hook,
+                    kwargs,
+                    owner,
+                    lambda a: a is not None and not isinstance(a, Mapping),
+                    "smthrs_runtime_defaults must return a mapping",
                 )
             unknown = set(answer) - RUNTIME_DEFAULT_KEYS
             if unknown:
-                raise PluginError(
+                raise self._invalid(
                     "invalid_default",
-                    f"plugin {impl.plugin_name!r}: unknown runtime defaults {sorted(unknown)}; known: "
-                    f"{sorted(RUNTIME_DEFAULT_KEYS)}",
-                    plugin=impl.plugin_name,
+                    hook,
+                    kwargs,
+                    owner,
+                    lambda a: isinstance(a, Mapping) and bool(set(a) - RUNTIME_DEFAULT_KEYS),
+                    f"unknown runtime defaults {sorted(unknown)}; known: {sorted(RUNTIME_DEFAULT_KEYS)}",
                 )
             out.update(answer)
         return out
@@ -243,51 +287,99 @@ class Plugins:
     def codecs(self, settings: Settings) -> CodecRegistry:
         """The value-codec registry: the built-in codecs, then every plugin's ``smthrs_value_codecs`` answer
         (called through pluggy's caller). An answer that is not a sequence of codecs is ``PluginError
-        (invalid_plugin)``; a duplicate tag is ``CodecError(duplicate_codec)``."""
+        (invalid_plugin)`` naming the plugin; a duplicate tag is ``CodecError(duplicate_codec)``."""
+        hook, kwargs = "smthrs_value_codecs", {"settings": settings}
         registry = CodecRegistry(builtin_codecs())
         # pluggy returns answers most-recent-registration first; register in registration order so a later
         # plugin's codec is asked before an earlier one's (the registry asks the most recent first).
-        for answer in reversed(self.pm.hook.smthrs_value_codecs(settings=settings)):
-            items = answer if isinstance(answer, (list, tuple)) else None
-            if items is None:
-                raise PluginError(
+        for owner, answer in reversed(owned_answers(self.pm, hook, kwargs)):
+            if not isinstance(answer, (list, tuple)):
+                raise self._invalid(
                     "invalid_plugin",
-                    f"smthrs_value_codecs returned {answer!r}; return a list of codecs (each with `tag`, handles,"
-                    " key_form, encode, decode, blob_digests)",
+                    hook,
+                    kwargs,
+                    owner,
+                    lambda a: a is not None and not isinstance(a, (list, tuple)),
+                    f"smthrs_value_codecs returned {answer!r}; return a list of codecs (each with `tag`, "
+                    "handles, key_form, encode, decode, blob_digests)",
                 )
-            for codec in items:
+            for codec in answer:
                 registry.register(codec)
         return registry
 
+    def _invalid(
+        self,
+        code: str,
+        hook: str,
+        kwargs: Mapping[str, Any],
+        owner: str | None,
+        guilty: Callable[[Any], bool],
+        what: str,
+        *,
+        first_only: bool = False,
+    ) -> PluginError:
+        """``PluginError(code)`` naming the plugin behind an invalid answer: its owner when known, else the
+        plugins whose own answer, asked alone, is ``guilty`` (``_calls.culprits``)."""
+        names = [owner] if owner is not None else culprits(self.pm, hook, kwargs, guilty)
+        if first_only:
+            names = names[:1]
+        return PluginError(
+            code,
+            f"{describe_culprits(names, hook)}: {what}",
+            plugin=", ".join(names) or None,
+        )
+
     # -- observers -------------------------------------------------------------------------------------------
+    # Told through ``pm.hook.<name>`` too (``_calls.notify``): wrappers and tracing see them; one that raises is
+    # logged naming its plugin and the others are still told.
 
     def has_observers(self, hook: str) -> bool:
-        return bool(_impls(self.pm, hook))
+        """Whether any plugin implements ``hook`` (a wrapper counts: it wants to see the calls)."""
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
     def notify_node_settled(self, run_id: str, plan_id: str | None, settlement: Settlement) -> None:
-        self._notify("smthrs_node_settled", run_id=run_id, plan_id=plan_id, settlement=settlement)
+        notify(
+            self.pm,
+            "smthrs_node_settled",
+            {"run_id": run_id, "plan_id": plan_id, "settlement": settlement},
+            log,
+        )
 
     def notify_cache_decision(self, decision: str) -> None:
-        self._notify("smthrs_cache_decision", decision=decision)
+        notify(self.pm, "smthrs_cache_decision", {"decision": decision}, log)
 
     def notify_run_settled(self, run_id: str, report: Report) -> None:
-        self._notify("smthrs_run_settled", run_id=run_id, report=report)
+        notify(self.pm, "smthrs_run_settled", {"run_id": run_id, "report": report}, log)
 
     def notify_approval_decided(self, **fact: Any) -> None:
         """Tell the ``smthrs_approval_decided`` observers (``Control``'s ``on_decided``; keywords as the hookspec)."""
-        self._notify("smthrs_approval_decided", **fact)
-
-    def _notify(self, hook: str, **kwargs: Any) -> None:
-        for impl in _impls(self.pm, hook):
-            try:
-                impl.function(**kwargs)
-            except Exception:
-                log.exception(
-                    "plugin %r failed in %s; the work it observed is unaffected", impl.plugin_name, hook
-                )
+        notify(self.pm, "smthrs_approval_decided", fact, log)
 
     def __repr__(self) -> str:
         return f"Plugins({[n for n, _ in self.pm.list_name_plugin()]})"
+
+
+def _claims(action: str) -> Callable[[Any], bool]:
+    return lambda answer: isinstance(answer, Mapping) and action in answer
+
+
+def _items(answer: Any) -> list[Any]:
+    return list(answer) if isinstance(answer, (list, tuple)) else [answer]
+
+
+def _is_provider(p: Any) -> bool:
+    return callable(getattr(p, "select", None)) and isinstance(getattr(p, "name", None), str)
+
+
+def _is_action(name: Any, fn: Any) -> bool:
+    return isinstance(name, str) and bool(name) and ":" not in name and callable(fn)
+
+
+def _callable_name(fn: Any) -> str:
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        return type(owner).__name__
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
 
 
 @dataclass(frozen=True)
@@ -312,11 +404,6 @@ class _MergedWaker:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-
-
-def _impls(pm: pluggy.PluginManager, hook: str) -> list[Any]:
-    """Implementations of ``hook`` in call order (tryfirst, then most recently registered, trylast last)."""
-    return list(reversed(getattr(pm.hook, hook).get_hookimpls()))
 
 
 def _default_name(plugin: object) -> str:

@@ -7,12 +7,23 @@ liveness check or an approval authority in their constructors, and only the comp
 Invariants
 - Specs import only *types* from the floors below (scheduler, engine, settings): a plugin never reaches into a
   store through this module.
-- "Which implementation" hooks are ``firstresult``: the highest-priority plugin that answers (not ``None``) wins;
-  the built-ins (:mod:`.defaults`) answer last (``trylast``), so any installed plugin overrides them.
+- Every hook is called through pluggy's own caller (``pm.hook.<name>(...)``, :mod:`.manager`), so a plugin
+  written as pluggy documents it behaves as documented: ``tryfirst``/``trylast`` order the implementations, hook
+  wrappers (``@hookimpl(wrapper=True)``, and old-style ``hookwrapper=True``) see and may replace an answer, and
+  ``pm.add_hookcall_monitoring`` / ``pm.enable_tracing`` see every call. Answers are validated after the call,
+  where they are final (a wrapper has had its say), and an invalid one is a ``PluginError`` naming the plugin.
+- "Which implementation" hooks are ``firstresult``: the highest-priority plugin that answers (not ``None``) wins
+  and the rest are not called; the built-ins (:mod:`.defaults`) answer last (``trylast``), so any installed
+  plugin overrides them.
 - "Tell me about it" hooks (observers) fan out to every plugin. They run after the fact, on the thread that
-  settled the work, and can never change an outcome: a raising observer is logged with its traceback.
-- Collections (host providers, plan actions, runtime defaults) are merged across plugins; a name two plugins
-  both claim is a typed ``PluginError`` naming both, never a silent override.
+  settled the work, and can never change an outcome: a raising observer is logged with its traceback naming its
+  plugin, and the observers not yet called are still told.
+- Collections (host providers, plan actions, value codecs, run wakers, runtime defaults) are merged across plugins
+  (not ``firstresult``: every plugin is asked); a name two plugins both claim is a typed ``PluginError`` naming
+  both, never a silent override.
+- No hook is ``historic``: an implementation hook is asked when a runtime is opened (a plugin registered later is
+  asked by the next one), and an observer registered after an event must not be told about work it did not see
+  happen (nor could a historic call return the answers the composition root needs).
 
 Prior art: pytest's and tox's pluggy hookspecs; Bazel's ``--spawn_strategy`` (executor chosen at the composition
 root, not by the actions).
@@ -119,30 +130,41 @@ class SmthrsSpecs:
 
     @hookspec
     def smthrs_hosts(self, settings: Settings) -> HostProvider | Sequence[HostProvider] | None:
-        """Host providers this plugin offers (asked in plugin priority order; the first that selects wins)."""
+        """Host providers this plugin offers (asked in plugin priority order; the first that selects wins).
+
+        Not ``firstresult``: a provider answers per run (``select``), so every plugin's providers are collected
+        and asked in turn when a run needs a host."""
 
     @hookspec(firstresult=True)
     def smthrs_reconciler(self, settings: Settings) -> Reconciler | None:
-        """The reconciler judging deviations and unabsorbed conflicts (built-in: ``DefaultReconciler``)."""
+        """The reconciler judging deviations and unabsorbed conflicts (built-in: ``DefaultReconciler``).
+
+        ``firstresult``: one reconciler judges a run; the highest-priority answer wins."""
 
     @hookspec(firstresult=True)
     def smthrs_liveness_check(self, settings: Settings) -> LivenessCheck | None:
-        """The owner liveness check used before a steal (built-in: ``LeaseLiveness``)."""
+        """The owner liveness check used before a steal (built-in: ``LeaseLiveness``).
+
+        ``firstresult``: one check decides a steal; the highest-priority answer wins."""
 
     @hookspec(firstresult=True)
     def smthrs_approval_authority(self, settings: Settings) -> ApprovalAuthority | None:
-        """Who may approve or deny (built-in: only principal ``local/operator``)."""
+        """Who may approve or deny (built-in: only principal ``local/operator``).
+
+        ``firstresult``: one authority decides; the highest-priority answer wins."""
 
     @hookspec
     def smthrs_plan_actions(self) -> Mapping[str, PlanAction] | None:
-        """Named plan actions, runnable from plan files as ``call: <name>`` (with ``with:`` keyword arguments)."""
+        """Named plan actions, runnable from plan files as ``call: <name>`` (with ``with:`` keyword arguments).
+
+        Not ``firstresult``: merged across plugins; a name two plugins claim is ``PluginError(duplicate_action)``."""
 
     @hookspec
     def smthrs_value_codecs(self, settings: Settings) -> Sequence[ValueCodec] | None:
         """Value codecs this plugin adds (``smthrs_plugin.codecs.ValueCodec``): how values of its types are keyed
         as ``@step`` arguments and stored as cached results. Merged across plugins after the built-ins; a tag two
         codecs claim is ``CodecError(duplicate_codec)``. A codec's ``decode`` must never execute code named by the
-        stored document (no pickle, no importing modules it names)."""
+        stored document (no pickle, no importing modules it names). Not ``firstresult`` (merged)."""
 
     @hookspec
     def smthrs_run_waker(self, settings: Settings) -> HostWaker | None:
@@ -152,13 +174,16 @@ class SmthrsSpecs:
         journal) -> HostWake`` is called after the deciding commit, in whichever process decided (CLI, Python,
         ``smthrs serve``); it answers ``HostNotParked`` for a run that is not its host's. Merged across plugins:
         asked in priority order until one answers other than ``HostNotParked``. It must not raise for an
-        unreachable host: answer ``HostWakeFailed`` with the cause (a raise is turned into one and logged)."""
+        unreachable host: answer ``HostWakeFailed`` with the cause (a raise is turned into one and logged). Not
+        ``firstresult``: whose host a run is is known only when it is woken, so every plugin's waker is kept."""
 
     @hookspec
     def smthrs_runtime_defaults(self, settings: Settings) -> Mapping[str, Any] | None:
-        """Defaults for schedulers opened without explicit values (keys: :data:`RUNTIME_DEFAULT_KEYS`)."""
+        """Defaults for schedulers opened without explicit values (keys: :data:`RUNTIME_DEFAULT_KEYS`).
 
-    # -- observers (told after the fact; never change an outcome) ----------------------------------------------
+        Not ``firstresult``: merged key by key, a higher-priority plugin's key wins."""
+
+    # -- observers (told after the fact; never change an outcome; none is firstresult: every plugin is told) ----
 
     @hookspec
     def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Settlement) -> None:

@@ -4,7 +4,7 @@ metrics mirror. ``runtime.py`` calls these so its own change stays a few lines.
 Invariants
 - Explicit arguments always win over plugin answers, which win over the built-in defaults.
 - Observers hear about a plan pass only after the run driver settled (or released) the run: a report they see
-  is durable. An observer can never turn a pass into a failure (see :meth:`Plugins._notify`).
+  is durable. An observer can never turn a pass into a failure (see :func:`._calls.notify`).
 - A host a provider selected belongs to the runtime that asked (it closes it); an explicit host belongs to the
   caller.
 """
