@@ -559,3 +559,74 @@ def test_readme_example_runs() -> None:
     assert points[outcome(DISPATCHES, "success")] == 1
     assert namespace["committed"].is_set()
     assert namespace["bus"].watched() == 0
+
+
+# -- the sandbox's materializations (copy-back), recorded by boundary.sandbox.run_in_sandbox ---------------------
+
+
+def _sandbox_ws(tmp_path: Any) -> Any:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "in.txt").write_bytes(b"input\n")
+    return ws
+
+
+def test_a_sandbox_copy_back_is_one_successful_materialization_with_one_duration(
+    wired: tuple[Metrics, InMemoryMetricReader], tmp_path: Any
+) -> None:
+    from smthrs_plugin.boundary import Declaration, run_in_sandbox
+
+    metrics, reader = wired
+    ws = _sandbox_ws(tmp_path)
+    decl = Declaration.of(reads=["in.txt"], writes=["out.txt"])
+
+    def body(root: Any) -> None:
+        (root / "out.txt").write_bytes((root / "in.txt").read_bytes().upper())
+
+    run_in_sandbox(ws, decl, body, artifacts=None, temp_dir=tmp_path, metrics=metrics)
+    series = read(reader)
+    assert series[outcome(SANDBOX_MATERIALIZATIONS, "success")] == 1
+    assert series[bare(SANDBOX_MATERIALIZATION_DURATION)][0] == 1
+    assert (ws / "out.txt").read_bytes() == b"INPUT\n"
+
+
+def test_a_materialization_conflict_is_one_failed_materialization_and_nothing_is_copied(
+    wired: tuple[Metrics, InMemoryMetricReader], tmp_path: Any
+) -> None:
+    from smthrs_plugin.boundary import Declaration, run_in_sandbox
+    from smthrs_plugin.errors import MaterializationConflict
+
+    metrics, reader = wired
+    ws = _sandbox_ws(tmp_path)
+    decl = Declaration.of(reads=["in.txt"], writes=["out.txt"])
+
+    def body(root: Any) -> None:
+        (root / "out.txt").write_bytes(b"from the step")
+        (ws / "out.txt").write_bytes(b"someone else")  # the real workspace changes while the step runs
+
+    with pytest.raises(MaterializationConflict):
+        run_in_sandbox(ws, decl, body, artifacts=None, temp_dir=tmp_path, metrics=metrics)
+    series = read(reader)
+    assert series[outcome(SANDBOX_MATERIALIZATIONS, "failure")] == 1
+    assert outcome(SANDBOX_MATERIALIZATIONS, "success") not in series
+    assert series[bare(SANDBOX_MATERIALIZATION_DURATION)][0] == 1
+    assert (ws / "out.txt").read_bytes() == b"someone else"
+
+
+def test_a_body_that_fails_before_copy_back_records_no_materialization(
+    wired: tuple[Metrics, InMemoryMetricReader], tmp_path: Any
+) -> None:
+    from smthrs_plugin.boundary import Declaration, run_in_sandbox
+
+    metrics, reader = wired
+    ws = _sandbox_ws(tmp_path)
+
+    def body(root: Any) -> None:
+        raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError):
+        run_in_sandbox(ws, Declaration.of(reads=["in.txt"], writes=["out.txt"]), body, artifacts=None,
+                       temp_dir=tmp_path, metrics=metrics)  # fmt: skip
+    assert not [
+        k for k in read(reader) if k[0] in (SANDBOX_MATERIALIZATIONS, SANDBOX_MATERIALIZATION_DURATION)
+    ]

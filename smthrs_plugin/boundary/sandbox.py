@@ -25,6 +25,9 @@ Invariants (seed: concepts/workspace-transactions)
   copied-back file gets a normalised mode (0o644/0o755): setuid, setgid, sticky and group/world-writable bits
   never leave the sandbox.
 - The temporary tree is always removed; a body exception propagates after cleanup.
+- Every copy-back attempt (and only a copy-back: a refused body or a hard-mode refusal never reaches one) is one
+  materialization on the injected metrics port: counted with its exit outcome (``Success``; ``Failure`` for a
+  conflict or a failed copy; ``Interrupt``) and timed (seed: observe-engine-metrics).
 
 The sandbox is a correctness tool, not a security boundary: a body that opens absolute paths can reach the real
 workspace. Absolute symlinks into the workspace are re-pointed into the sandbox so a plain tool cannot write
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from .._metrics import NULL_METRICS, MetricsPort
 from ..errors import BoundaryError, MaterializationConflict
 from ..plan.fileset import RESERVED_TOP
 from ..stores.artifacts import ArtifactStore
@@ -97,12 +101,14 @@ def run_in_sandbox(
     temp_dir: str | os.PathLike[str] | None = None,
     entry_budget: int = DEFAULT_ENTRY_BUDGET,
     max_workers: int = 4,
+    metrics: MetricsPort = NULL_METRICS,
 ) -> SandboxResult[T]:
     """Prepare on ``workspace``, run ``body(sandbox_root)`` in a temporary tree, settle by whole-tree diff,
     copy declared outputs back (compare-and-set). Returns the body's value with the evidence.
 
     Hard mode raises ``BoundaryRefusal`` (nothing copied back); expected mode records deviations and copies
     back only the declared outputs. ``MaterializationConflict`` when the real workspace changed underneath.
+    Each copy-back is one materialization on ``metrics`` (counted by exit outcome, and timed).
     """
     if mode not in ("hermetic", "whole-tree"):
         raise BoundaryError(
@@ -138,7 +144,8 @@ def run_in_sandbox(
             whole_tree_writes_verified=True,
             hermetic_reads_verified=mode == "hermetic",
         )
-        _copy_back(ws, prepared, evidence, sroot, m)
+        with metrics.observe_materialization():
+            _copy_back(ws, prepared, evidence, sroot, m)
         result = SandboxResult(value, evidence, prepared)
     except BaseException:
         _cleanup(parent, quiet=True)

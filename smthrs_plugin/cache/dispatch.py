@@ -485,6 +485,7 @@ class CacheDispatcher:
                     measurer=self.measurer,
                     limits=self.limits,
                     temp_dir=self.temp_dir,
+                    metrics=self.metrics,
                 )
         except BoundaryRefusal as exc:
             self.metrics.boundary_settled("Refused")

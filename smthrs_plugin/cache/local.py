@@ -1,4 +1,5 @@
-"""The local cache tier: one ``step_cache`` row per entry in the runtime database.
+"""The local cache tier: one ``step_cache`` row per entry in the runtime database (rows owned by
+``records.cache_index``, which holds their SQL; this module holds the tier's rules).
 
 Invariants
 - Row key: a ``shared``-scope row (admissible evidence, servable to any run using this database) is keyed by
@@ -19,19 +20,18 @@ Invariants
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import key_digest
+from ..records import cache_index
+from ..records.cache_index import LocalRow, NewRow
 from ..stores.database import Database
-from ..stores.schema import step_cache
 from .entry import CacheEntry, Decoded, Undecodable, decode_entry, run_local_row_key
 
 __all__ = [
@@ -49,29 +49,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_T = step_cache
-# The lookup of every hit, built once: SQLAlchemy then reuses its memoized cache key and compiled form instead of
-# re-coercing a fresh select per call.
-_LOOKUP = sa.select(_T.c.entry_json, _T.c.last_used_at_ms).where(
-    _T.c.key_digest == sa.bindparam("name"), _T.c.invalidated_at_ms.is_(None), _T.c.scope == "shared"
-)
 _PAGE = 200
-
-
-@dataclass(frozen=True)
-class LocalRow:
-    """A row's metadata (``entry_json`` is read separately: it may be megabytes of inline outputs)."""
-
-    key_digest: str
-    key: str
-    subject: str | None
-    scope: str
-    run_id: str | None
-    created_at_ms: int
-    last_used_at_ms: int
-    invalidated_at_ms: int | None
-    provenance: Mapping[str, Any] | None
-    components: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -122,50 +100,8 @@ def row_key_of(entry: CacheEntry) -> str:
     return key_digest(run_local_row_key(entry.key, str(entry.provenance.get("run_id"))))
 
 
-def _json(v: Any) -> str:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _maybe_json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _row(r: Any) -> LocalRow:
-    return LocalRow(
-        key_digest=r.key_digest,
-        key=r.key,
-        subject=r.subject,
-        scope=r.scope,
-        run_id=r.run_id,
-        created_at_ms=int(r.created_at_ms),
-        last_used_at_ms=int(r.last_used_at_ms),
-        invalidated_at_ms=None if r.invalidated_at_ms is None else int(r.invalidated_at_ms),
-        provenance=_maybe_json(r.provenance_json),
-        components=_maybe_json(r.components_json),
-    )
-
-
-_META = (
-    _T.c.key_digest,
-    _T.c.key,
-    _T.c.subject,
-    _T.c.scope,
-    _T.c.run_id,
-    _T.c.created_at_ms,
-    _T.c.last_used_at_ms,
-    _T.c.invalidated_at_ms,
-    _T.c.provenance_json,
-    _T.c.components_json,
-)
-
-
 class LocalTier:
-    """The ``step_cache`` table of one database."""
+    """The local cache tier of one database (its rows are the cache index, ``records.cache_index``)."""
 
     def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.db = db
@@ -176,7 +112,7 @@ class LocalTier:
     def lookup(self, key: str) -> LocalLookup:
         """The valid shared-scope row of ``key``: decoded and verified, undecodable, or None (absent/invalidated)."""
         name = key_digest(key)
-        row = self.db.read(lambda c: c.execute(_LOOKUP, {"name": name}).first())
+        row = cache_index.served(self.db, name)
         if row is None:
             return None
         decoded = decode_entry(row.entry_json, name=name)
@@ -186,7 +122,7 @@ class LocalTier:
         if decoded.scope != "shared":
             log.warning("local cache row %s is not served: its entry says scope %r", name, decoded.scope)
             return LocalUndecodable(name, f"its entry has scope {decoded.scope!r}", True)
-        return LocalHit(decoded, int(row.last_used_at_ms))
+        return LocalHit(decoded, row.last_used_at_ms)
 
     # -- writing (in the caller's transaction) ---------------------------------------------------------------
 
@@ -194,23 +130,18 @@ class LocalTier:
         """Record ``entry`` (see the module invariants for first-writer-wins and replacement)."""
         now = self.clock.now_ms()
         rk = row_key_of(entry)
-        values = {
-            "key": entry.key,
-            "entry_json": entry.encode().decode("utf-8"),
-            "components_json": _json(entry.components),
-            "run_id": entry.provenance.get("run_id"),
-            "created_at_ms": now,
-            "last_used_at_ms": now,
-            "invalidated_at_ms": None,
-            "provenance_json": _json(entry.provenance),
-            "subject": entry.subject,
-            "scope": entry.scope,
-        }
-        existing = conn.execute(
-            sa.select(_T.c.entry_json, _T.c.invalidated_at_ms).where(_T.c.key_digest == rk)
-        ).first()
+        row = NewRow(
+            key=entry.key,
+            entry_json=entry.encode().decode("utf-8"),
+            components=entry.components,
+            run_id=entry.provenance.get("run_id"),
+            provenance=entry.provenance,
+            subject=entry.subject,
+            scope=entry.scope,
+        )
+        existing = cache_index.stored_in(conn, rk)
         if existing is None:
-            conn.execute(sa.insert(_T).values(key_digest=rk, **values))
+            cache_index.insert_in(conn, rk, row, now)
             return Inserted()
         if entry.scope == "shared" and existing.invalidated_at_ms is None:
             old = decode_entry(existing.entry_json, name=rk)
@@ -220,26 +151,19 @@ class LocalTier:
                     return SameResult()
                 return DifferentResult(old)
             log.warning("replacing undecodable local cache row %s", rk)
-        conn.execute(sa.update(_T).where(_T.c.key_digest == rk).values(**values))
+        cache_index.replace_in(conn, rk, row, now)
         return Replaced()
 
     def touch_in(self, conn: Connection, row_key: str) -> None:
         """Refresh ``last_used_at_ms`` (what ``gc`` and ``ls`` read)."""
-        conn.execute(
-            sa.update(_T).where(_T.c.key_digest == row_key).values(last_used_at_ms=self.clock.now_ms())
-        )
+        cache_index.touch_in(conn, row_key, self.clock.now_ms())
 
     def invalidate_in(self, conn: Connection, row_key: str) -> bool:
         """Mark a row invalid (never served again); True when a valid row was invalidated."""
-        res = conn.execute(
-            sa.update(_T)
-            .where(_T.c.key_digest == row_key, _T.c.invalidated_at_ms.is_(None))
-            .values(invalidated_at_ms=self.clock.now_ms())
-        )
-        return bool(res.rowcount)
+        return cache_index.invalidate_in(conn, row_key, self.clock.now_ms())
 
     def delete_in(self, conn: Connection, row_key: str) -> bool:
-        return bool(conn.execute(sa.delete(_T).where(_T.c.key_digest == row_key)).rowcount)
+        return cache_index.delete_in(conn, row_key)
 
     # -- reading for ls / explain / verify / gc --------------------------------------------------------------
 
@@ -252,60 +176,27 @@ class LocalTier:
         newest_first: bool = True,
     ) -> list[LocalRow]:
         """Row metadata, newest first by default, optionally filtered by subject or dispatch key."""
-        q = sa.select(*_META)
-        if subject is not None:
-            q = q.where(_T.c.subject == subject)
-        if key is not None:
-            q = q.where(_T.c.key == key)
-        order = (
-            (_T.c.created_at_ms.desc(), _T.c.key_digest.desc())
-            if newest_first
-            else (_T.c.created_at_ms, _T.c.key_digest)
-        )
-        q = q.order_by(*order)
-        if limit is not None:
-            q = q.limit(limit)
-        return [_row(r) for r in self.db.read(lambda c: c.execute(q).all())]
+        return cache_index.rows(self.db, subject=subject, key=key, limit=limit, newest_first=newest_first)
 
     def subjects_ending_with(self, suffix: str) -> list[str]:
         """Distinct subjects equal to ``suffix`` or ending with ``/<suffix>`` (a node id inside a plan subject)."""
-        q = (
-            sa.select(_T.c.subject)
-            .where(
-                sa.or_(_T.c.subject == suffix, _T.c.subject.like("%/" + _escape_like(suffix), escape="\\"))
-            )
-            .distinct()
-        )
-        return sorted(s for s in self.db.read(lambda c: c.execute(q).scalars().all()) if s is not None)
+        return cache_index.subjects_ending_with(self.db, suffix)
 
     def load(self, row_key: str) -> Decoded | None:
         """The decoded entry of one row (any scope, invalidated included), or None when absent."""
-        text = self.db.read(
-            lambda c: c.execute(sa.select(_T.c.entry_json).where(_T.c.key_digest == row_key)).scalar()
-        )
+        text = cache_index.entry_json(self.db, row_key)
         return None if text is None else decode_entry(text, name=None)
 
     def iter_entries(self) -> Iterator[tuple[LocalRow, Decoded]]:
         """Every row with its decoded entry, paged by key digest (bounded memory for gc/verify)."""
         after = ""
         while True:
-            page = self.db.read(
-                lambda c, a=after: c.execute(  # type: ignore[misc]
-                    sa.select(*_META, _T.c.entry_json)
-                    .where(_T.c.key_digest > a)
-                    .order_by(_T.c.key_digest)
-                    .limit(_PAGE)
-                ).all()
-            )
-            if not page:
+            found = cache_index.page(self.db, after, _PAGE)
+            if not found:
                 return
-            for r in page:
-                yield _row(r), decode_entry(r.entry_json, name=None)
-            after = page[-1].key_digest
+            for row, text in found:
+                yield row, decode_entry(text, name=None)
+            after = found[-1][0].key_digest
 
     def invalidate(self, row_key: str) -> bool:
         return self.db.write(lambda c: self.invalidate_in(c, row_key))
-
-
-def _escape_like(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -29,13 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import is_key, key_digest
 from ..errors import CacheError
+from ..records import cache_index
+from ..records.runs import TERMINAL_STATUSES, statuses_in
 from ..stores.artifacts import ArtifactStore, Corrupt, NotFound
-from ..stores.schema import TERMINAL_STATUSES, runs, step_cache
 from .entry import CacheEntry, Undecodable, entry_digests, entry_id
 from .local import LocalTier
 from .shared import Candidate, Refusal, RefusalReason, SharedTier, check_document, same_store
@@ -268,25 +269,16 @@ def _mtime_s(store: ArtifactStore, digest: str) -> float | None:
 
 
 def _collectable_rows(local: LocalTier, cutoff_ms: int) -> list[str]:
-    t, r = step_cache, runs
-    q_invalid = sa.select(t.c.key_digest).where(
-        t.c.invalidated_at_ms.is_not(None), t.c.invalidated_at_ms < cutoff_ms
-    )
-    q_run_local = (
-        sa.select(t.c.key_digest, r.c.status, r.c.finished_at_ms)
-        .select_from(t.outerjoin(r, r.c.run_id == t.c.run_id))
-        .where(t.c.scope == "run-local", t.c.created_at_ms < cutoff_ms)
-    )
-
-    def read(c: sa.Connection) -> list[str]:
-        out = list(c.execute(q_invalid).scalars())
-        for row in c.execute(q_run_local):
-            gone = row.status is None  # a run this database never knew (e.g. a Prefect flow run)
-            done = row.status in TERMINAL_STATUSES and (
-                row.finished_at_ms is None or row.finished_at_ms < cutoff_ms
-            )
+    def read(c: Connection) -> list[str]:
+        out = cache_index.invalidated_before_in(c, cutoff_ms)
+        old = cache_index.run_local_before_in(c, cutoff_ms)
+        runs = statuses_in(c, [r for _, r in old if r is not None])
+        for digest, run_id in old:
+            status, finished_at_ms = runs.get(run_id, (None, None)) if run_id is not None else (None, None)
+            gone = status is None  # a run this database never knew (e.g. a Prefect flow run)
+            done = status in TERMINAL_STATUSES and (finished_at_ms is None or finished_at_ms < cutoff_ms)
             if gone or done:
-                out.append(row.key_digest)
+                out.append(digest)
         return sorted(set(out))
 
     return local.db.read(read)

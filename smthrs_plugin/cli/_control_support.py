@@ -178,7 +178,7 @@ def follow(control: Control, run_id: str, relaunch: Any, *, wait: bool = True) -
     when nobody drives it). Returns None once the run is settled or parked; with ``wait=False`` a :class:`Held`
     as soon as another owner holds it."""
     from smthrs_plugin.control import launch as ln
-    from smthrs_plugin.stores.schema import TERMINAL_STATUSES
+    from smthrs_plugin.records.runs import TERMINAL_STATUSES
 
     clock = control.clock
     stale_ms = int(control.settings.stale_after_s * 1000)

@@ -59,7 +59,7 @@ OPERATIONS: tuple[str, ...] = ("run", "resume", "worker", "approve", "deny", "ca
 #: Receipt tags (control/receipts.py); ``None`` for a command that answers no receipt (``run`` without ``--key``,
 #: ``worker --run``).
 RECEIPTS: tuple[str | None, ...] = ("Accepted", "AlreadyApplied", "Parked", "Conflict", "Terminal", None)
-#: Run statuses (stores/schema.py); ``None`` when the answer names no run (``Parked`` plan, ``Conflict``).
+#: Run statuses (records/runs.py); ``None`` when the answer names no run (``Parked`` plan, ``Conflict``).
 STATUSES: tuple[str | None, ...] = (
     "pending",
     "running",

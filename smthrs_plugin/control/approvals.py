@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Union
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -38,8 +37,8 @@ from ..engine.fence import OwnerId, assert_owner
 from ..engine.journal import Journal, plan_partition
 from ..engine.waits import WaitStore
 from ..errors import ApprovalDenied, ControlError, PlanError, SmthrsError
+from ..records.runs import TERMINAL_STATUSES, run_row_in
 from ..stores.database import Database, open_database
-from ..stores.schema import TERMINAL_STATUSES, runs
 from . import store as st
 from .authority import (
     DEFAULT_AUTHORITY,
@@ -178,7 +177,7 @@ class Approvals:
         token_id = st.new_id("tok")  # minted outside the callback: a retried transaction reuses it
 
         def fn(conn: Connection) -> TokenState:
-            row = conn.execute(sa.select(runs.c.flow, runs.c.status).where(runs.c.run_id == run_id)).first()
+            row = run_row_in(conn, run_id)
             if row is None:
                 raise ControlError(
                     "run_not_found",
@@ -334,11 +333,7 @@ class Approvals:
 
     def _resume_in(self, conn: Connection, token: st.TokenRow, decision: st.DecisionRow) -> None:
         run_id = str(token.run_id)
-        row = conn.execute(
-            sa.select(runs.c.status, runs.c.waiting_reason, runs.c.wait_token_digest).where(
-                runs.c.run_id == run_id
-            )
-        ).first()
+        row = run_row_in(conn, run_id)
         if row is None or row.status in TERMINAL_STATUSES:
             return
         st.insert_resume_in(conn, run_id, decision)

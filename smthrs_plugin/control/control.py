@@ -18,6 +18,12 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
   launcher is called; a refused launch records the run failed and keeps the receipt; a same-key retry of an
   admitted run re-launches it when nobody drives it (an orphaned admission once its claim lapses or the liveness
   check proves the admitter dead; a released run; a run woken by a decision) and answers ``AlreadyApplied``.
+- **Run lifecycle entries** (seeds/001 "What the plane writes", "Versioned lifecycle ... contract"):
+  ``control.run.accepted`` (the ``created`` baseline), then ``control.run.pending`` in the same admission
+  transaction when no launcher takes the launch; ``control.run.running`` / ``completed`` / ``failed`` /
+  ``cancelled`` commit with the run driver's activation and settlement (``engine.facts.control_running_in`` /
+  ``control_settled_in``), a refused launch's ``failed`` and an unowned run's ``cancelled`` with their row change
+  (``launch.py``). Each carries ``{factVersion: 1, baseline, run}``: a transition that rolls back leaves none.
 - **Decisions**: authorize (before any read or replay) → terminality (node) → replay → one transaction:
   ``Approvals.decide_in`` (token, checks, decision, grant, journal, resume delegation) + the receipt.
 - **Signals** deliver a value to a run's deferred ``NAME`` (what ``sp.wait_for(NAME)`` returns): replay first (a
@@ -44,6 +50,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
 from ..engine.cancellation import cancel_run
 from ..engine.context import DEFAULT_BUS
+from ..engine.facts import BASELINE_CREATED, append_control_lifecycle_in
 from ..engine.fence import OwnerId, bump_run, current_owner
 from ..engine.flow_waits import HostWake, HostWaker, tell_host
 from ..engine.journal import Journal
@@ -54,10 +61,10 @@ from ..engine.waits import WaitStore
 from ..errors import ControlError, StoreError
 from ..observe.catalog import RunFilters, RunPage, list_runs
 from ..plan import Plan
+from ..records.runs import TERMINAL_STATUSES
 from ..scheduler.plans import PlanStore
 from ..settings import Settings, load_settings
 from ..stores.database import Database
-from ..stores.schema import TERMINAL_STATUSES
 from . import launch as ln
 from . import planning
 from . import store as st
@@ -207,7 +214,7 @@ class Control:
             gate = self._gate_in(conn, card)
             if not isinstance(gate, tuple):
                 return gate
-            return self._admit_in(conn, m, card, run_id, ids, gate)
+            return self._admit_in(conn, m, card, run_id, ids, gate, handed_off=launcher is not None)
 
         out = self.db.write(fn)
         if isinstance(out, _Replay):
@@ -258,6 +265,8 @@ class Control:
         run_id: str,
         ids: tuple[str, str],
         gate: tuple[str | None, str | None],
+        *,
+        handed_off: bool,
     ) -> Accepted:
         receipt_id, claim_token = ids
         token_id, grant_id = gate
@@ -283,13 +292,21 @@ class Control:
         )  # fmt: skip
         receipt = Accepted(receipt_id, run_id)
         st.insert_receipt_in(conn, m.durable_key, m.operation, m.fingerprint, receipt, now)
-        self.journal.append_in(
+        append_control_lifecycle_in(
             conn,
+            self.journal,
             run_id,
             "control.run.accepted",
             {"planId": card.plan_id, "digest": card.card.digest, "principal": dict(m.principal.to_json()),
              "receiptId": receipt_id},
+            baseline=BASELINE_CREATED,
         )  # fmt: skip
+        if not handed_off:
+            # No executor takes this launch: the run waits ``pending`` for a later same-key call with a launcher.
+            append_control_lifecycle_in(
+                conn, self.journal, run_id, "control.run.pending", {"receiptId": receipt_id},
+                baseline=BASELINE_CREATED,
+            )  # fmt: skip
         return receipt
 
     def _replayed(self, m: Mutation, row: st.ReceiptRow, launcher: Launcher | None) -> Receipt:
@@ -329,9 +346,7 @@ class Control:
         except Exception as exc:
             error = {"error": type(exc).__name__, "message": getattr(exc, "message", str(exc))}
             refused = self.db.write(
-                lambda c: ln.fail_refused_in(
-                    c, self.db, self.journal, run_id, self.owner, error, self.clock.now_ms()
-                )
+                lambda c: ln.fail_refused_in(c, self.waits, run_id, self.owner, error, self.clock.now_ms())
             )
             if refused:
                 return
@@ -563,9 +578,9 @@ class Control:
             payload: dict[str, Any] = {"principal": dict(actor.to_json())}
             if reason is not None:
                 payload["reason"] = reason
-            self.journal.append_in(conn, run_id, "control.run.cancel-requested", payload)
+            append_control_lifecycle_in(conn, self.journal, run_id, "control.run.cancel-requested", payload)
             for rid in (run_id, *(o.run_id for o in report.descendants)):
-                ln.cancel_unowned_in(conn, self.db, self.journal, rid, now, now)
+                ln.cancel_unowned_in(conn, self.waits, rid, now, now)
             requested = getattr(report.root, "requested_at_ms", now)
             return Accepted(f"cancel:{run_id}:{requested}", run_id)
 
@@ -626,7 +641,7 @@ class Control:
             payload: dict[str, Any] = {"principal": dict(actor.to_json()), "receiptId": receipt_id}
             if reason is not None:
                 payload["reason"] = reason
-            self.journal.append_in(conn, run_id, "control.run.resume", payload)
+            append_control_lifecycle_in(conn, self.journal, run_id, "control.run.resume", payload)
             return receipt
 
         out = self.db.write(fn)

@@ -12,6 +12,10 @@ Invariants
   :func:`fail_refused_in`: ``failed`` with the error, ``control.run.failed``, only while the row is still
   ``pending`` under no claim or ours — a run another process took over is never marked failed by us. The
   admission receipt is kept: the same key answers ``AlreadyApplied`` for the failed run.
+- **Lifecycle facts.** Every ``control.run.*`` lifecycle entry written here carries ``{factVersion: 1, baseline,
+  run}`` (``engine.facts.append_control_lifecycle_in``), ``run`` read after the row change in its transaction.
+- **No table here.** The run-row statements (:class:`RunRow` and its read, the claim compare-and-set) are the
+  runs owner's (``records.runs``), closing a settled run's clocks is the waits owner's; this module judges.
 - **Cancelling an unowned run** (``pending`` or ``suspended``) settles it ``cancelled`` at once
   (:func:`cancel_unowned_in`), conditioned on that status inside the transaction; an activation racing it reads
   a terminal row and stops. A running run only gets the request: its owner observes it at its next heartbeat.
@@ -22,18 +26,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from ..canonical import canonical_bytes
-from ..engine.facts import execution_fact
+from ..engine.facts import append_control_lifecycle_in, execution_fact
 from ..engine.fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT, OwnerId, bump_run
 from ..engine.journal import Journal
 from ..engine.liveness import Dead, LivenessCheck, LivenessContext
+from ..engine.waits import WaitStore
 from ..plan import Plan
+from ..records.runs import RunRow, clear_claim_if_in, run_row_in
 from ..stores.database import Database
-from ..stores.schema import runs
-from ..stores.wait_tables import clock_deadlines
 from .cards import Envelope, PlanCard
 from .identity import JSON, check_text
 from .store import AdmissionRow
@@ -99,38 +102,6 @@ class Launcher(Protocol):
     def launch(self, run: AdmittedRun) -> Any: ...
 
 
-@dataclass(frozen=True)
-class RunRow:
-    """The run-row columns the control plane judges on."""
-
-    run_id: str
-    flow: str
-    status: str
-    waiting_reason: str | None
-    wake_at_ms: int | None
-    claim: OwnerId | None
-    claim_token: str | None
-    claimed_at_ms: int | None
-    owner: OwnerId | None
-    heartbeat_at_ms: int | None = None
-
-
-def _row(r: Row[Any]) -> RunRow:
-    claim = None if r.claim_nonce is None else OwnerId(r.claim_host, int(r.claim_pid), r.claim_nonce)
-    owner = None if r.owner_nonce is None else OwnerId(r.owner_host, int(r.owner_pid), r.owner_nonce)
-    return RunRow(
-        r.run_id, r.flow, r.status, r.waiting_reason,
-        None if r.wake_at_ms is None else int(r.wake_at_ms), claim, r.claim_token,
-        None if r.claimed_at_ms is None else int(r.claimed_at_ms), owner,
-        None if r.heartbeat_at_ms is None else int(r.heartbeat_at_ms),
-    )  # fmt: skip
-
-
-def run_row_in(conn: Connection, run_id: str) -> RunRow | None:
-    r = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
-    return None if r is None else _row(r)
-
-
 def claim_holder(owner: OwnerId, token: str, now_ms: int) -> dict[str, Any]:
     """Run-row values of a pending claim held by ``owner`` (written by the admitting transaction)."""
     return {
@@ -173,21 +144,13 @@ def reclaim_in(
     conn: Connection, db: Database, journal: Journal, judged: RunRow, evidence: str, now_ms: int
 ) -> bool:
     """Clear the foreign pending claim ``judged`` carried (compare-and-set on its token); False when it changed."""
-    n = conn.execute(
-        sa.update(runs)
-        .where(
-            runs.c.run_id == judged.run_id,
-            runs.c.status == "pending",
-            runs.c.claim_token == judged.claim_token,
-        )
-        .values(**CLEAR_CLAIM)
-    ).rowcount
-    if not n:
+    if not clear_claim_if_in(conn, judged.run_id, judged.claim_token):
         return False
     bump_run(conn, db, judged.run_id, {"updated_at_ms": now_ms})
     assert judged.claim is not None
-    journal.append_in(
+    append_control_lifecycle_in(
         conn,
+        journal,
         judged.run_id,
         "control.run.reclaimed",
         {"from": judged.claim.to_json(), "evidence": evidence},
@@ -196,8 +159,9 @@ def reclaim_in(
 
 
 def _settle_unowned(
-    conn: Connection, db: Database, journal: Journal, run_id: str, status: str, error: Any, now_ms: int
+    conn: Connection, waits: WaitStore, run_id: str, status: str, error: Any, now_ms: int
 ) -> None:
+    db, journal = waits.db, waits.journal
     bump_run(
         conn,
         db,
@@ -212,19 +176,13 @@ def _settle_unowned(
             "error_json": canonical_bytes(error).decode("utf-8"),
         },
     )
-    k = clock_deadlines.c
-    conn.execute(
-        sa.update(clock_deadlines)
-        .where(k.execution_id == run_id, k.completed_at_ms.is_(None))
-        .values(completed_at_ms=now_ms)
-    )
+    waits.complete_run_clocks_in(conn, run_id)
     journal.append_in(conn, run_id, "run-settled", {"status": status, "fact": execution_fact(conn, run_id)})
 
 
 def fail_refused_in(
     conn: Connection,
-    db: Database,
-    journal: Journal,
+    waits: WaitStore,
     run_id: str,
     me: OwnerId,
     error: dict[str, Any],
@@ -234,21 +192,25 @@ def fail_refused_in(
     row = run_row_in(conn, run_id)
     if row is None or row.status != "pending" or (row.claim is not None and row.claim != me):
         return False
-    _settle_unowned(conn, db, journal, run_id, "failed", {"type": "launch-refused", **error}, now_ms)
-    journal.append_in(conn, run_id, "control.run.failed", {"reason": "launch-refused", "error": error})
+    _settle_unowned(conn, waits, run_id, "failed", {"type": "launch-refused", **error}, now_ms)
+    append_control_lifecycle_in(
+        conn, waits.journal, run_id, "control.run.failed", {"reason": "launch-refused", "error": error}
+    )
     return True
 
 
 def cancel_unowned_in(
-    conn: Connection, db: Database, journal: Journal, run_id: str, requested_at_ms: int, now_ms: int
+    conn: Connection, waits: WaitStore, run_id: str, requested_at_ms: int, now_ms: int
 ) -> bool:
     """Settle a ``pending``/``suspended`` run ``cancelled`` (nobody owns it); False for any other status."""
     row = run_row_in(conn, run_id)
     if row is None or row.status not in ("pending", "suspended"):
         return False
     _settle_unowned(
-        conn, db, journal, run_id, "cancelled", {"type": "cancelled", "cancel_requested_at_ms": requested_at_ms},
+        conn, waits, run_id, "cancelled", {"type": "cancelled", "cancel_requested_at_ms": requested_at_ms},
         now_ms,
     )  # fmt: skip
-    journal.append_in(conn, run_id, "control.run.cancelled", {"from_status": row.status})
+    append_control_lifecycle_in(
+        conn, waits.journal, run_id, "control.run.cancelled", {"from_status": row.status}
+    )
     return True

@@ -1,11 +1,14 @@
-"""Durable rows of the control plane: cards, approval tokens, decisions, grants, receipts, admitted runs, resumes.
+"""The control plane's records as control-plane types: cards, approval tokens, decisions, grants, receipts,
+admitted runs, resumes.
 
-Every ``*_in`` function reads or writes on the caller's connection, so the facade (``control.py``) and the
-approvals (``approvals.py``) compose several of them into ONE transaction (a decision, its grant, its journal
-record, its receipt and its resume delegation commit together or not at all).
+The rows themselves are owned by :mod:`smthrs_plugin.records.control` (all of their SQL, the decoding of their
+columns); this module turns those records into the control plane's own types (``PlanCard``, ``Envelope``,
+``Principal``, ``Accepted``) and back. Every ``*_in`` function reads or writes on the caller's connection, so the
+facade (``control.py``) and the approvals (``approvals.py``) compose several of them into ONE transaction (a
+decision, its grant, its journal record, its receipt and its resume delegation commit together or not at all).
 
 Invariants
-- Rows are decoded here and nowhere else. A row that does not decode is corruption: point reads raise
+- A record that does not decode into its control-plane type is corruption: point reads raise
   ``StoreError(decode_failed)`` naming the row (a control plane that treated an unreadable decision as "no
   decision" would let a denied request run); nothing is repaired silently.
 - A token is decided at most once: :func:`insert_decision_in` refuses a second decision with
@@ -15,25 +18,14 @@ Invariants
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..canonical import canonical_bytes
-from ..errors import ControlError, SmthrsError, StoreError
-from ..stores.control_tables import (
-    control_decisions,
-    control_grants,
-    control_plans,
-    control_receipts,
-    control_resumes,
-    control_runs,
-    control_tokens,
-)
+from ..errors import ControlError, SmthrsError
+from ..records import control as rc
+from ..records.control import canonical_text, loads, new_id
 from .cards import CardNode, Envelope, PlanCard
 from .identity import JSON, Principal
 from .receipts import Accepted, receipt_from_dict
@@ -47,9 +39,12 @@ __all__ = [
     "AdmissionRow",
     "new_id",
     "canonical_text",
+    "loads",
     "insert_card_in",
     "card_in",
     "current_card_in",
+    "undecided_plan_cards_in",
+    "last_approved_card_in",
     "insert_token_in",
     "token_in",
     "plan_token_in",
@@ -68,41 +63,7 @@ __all__ = [
     "insert_resume_in",
 ]
 
-
-def new_id(prefix: str) -> str:
-    """A fresh random id ``<prefix>_<32 hex>`` (minted OUTSIDE a transaction callback, which may be re-run)."""
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def canonical_text(value: Any) -> str:
-    """RFC 8785 JSON text of plain data (what JSON columns hold)."""
-    return canonical_bytes(value).decode("utf-8")
-
-
-_SAFE_INT = 2**53 - 1
-
-
-def _number(text: str) -> int | float:
-    # Canonical JSON writes an integral float such as 2.0**53 as "9007199254740992"; the identity boundary admits
-    # the float but refuses the int, so an integer literal beyond the JSON-safe range is read back as the float it
-    # was (ECMAScript formatting is the shortest round-trip form: the same double, the same canonical bytes).
-    n = int(text)
-    return n if -_SAFE_INT <= n <= _SAFE_INT else float(text)
-
-
-def loads(text: str) -> Any:
-    """Parse a stored JSON column written by :func:`canonical_text`, so it decodes at the identity boundary again."""
-    return json.loads(text, parse_int=_number)
-
-
-def _decode_failed(what: str, key: Any, exc: BaseException) -> StoreError:
-    return StoreError(
-        "decode_failed",
-        f"control {what} {key!r} is stored but does not decode ({exc}); the row is corrupt: restore the database "
-        "from a backup, or plan/approve anew",
-        cause=exc,
-        key=repr(key),
-    )
+_decode_failed = rc.decode_failed
 
 
 def _principal(pid: Any, kind: Any, what: str, key: Any) -> Principal:
@@ -135,31 +96,27 @@ class CardRow:
         return self.card.deploy_class
 
 
-_P = control_plans.c
-
-
 def insert_card_in(conn: Connection, card: PlanCard, seq: int, plan_name: str, now_ms: int) -> None:
     assert card.plan_digest is not None
-    conn.execute(
-        sa.insert(control_plans).values(
-            plan_id=card.plan_id,
-            digest=card.digest,
-            seq=seq,
-            flow_id=card.flow_id,
-            plan_name=plan_name,
-            plan_digest=card.plan_digest,
-            deploy_class=1 if card.deploy_class else 0,
-            card_json=canonical_text(card.to_json()),
-            created_at_ms=now_ms,
-        )
+    rc.insert_card_in(
+        conn,
+        plan_id=card.plan_id,
+        digest=card.digest,
+        seq=seq,
+        flow_id=card.flow_id,
+        plan_name=plan_name,
+        plan_digest=card.plan_digest,
+        deploy_class=card.deploy_class,
+        card=card.to_json(),
+        now_ms=now_ms,
     )
 
 
-def _card(row: Any) -> CardRow:
+def _card(rec: rc.CardRecord) -> CardRow:
     # Decoded part by part, not through ``PlanCard.from_json``: that decodes the card as ONE input, one level
     # deeper than its ``input`` member, so an input accepted at the depth (or size) bound would not read back.
+    data = rec.card
     try:
-        data = loads(row.card_json)
         card = PlanCard(
             plan_id=data["planId"],
             flow_id=data["flowId"],
@@ -171,25 +128,37 @@ def _card(row: Any) -> CardRow:
             scope=data["scope"],
         )
     except (ValueError, KeyError, TypeError, SmthrsError) as exc:
-        raise _decode_failed("plan card", row.plan_id, exc) from exc
-    if card.plan_id != row.plan_id or card.digest != row.digest or card.digest != data.get("digest"):
+        raise _decode_failed("plan card", rec.plan_id, exc) from exc
+    if card.plan_id != rec.plan_id or card.digest != rec.digest or card.digest != data.get("digest"):
         raise _decode_failed(
-            "plan card", row.plan_id, ValueError("its id or digest differs from its columns")
+            "plan card", rec.plan_id, ValueError("its id or digest differs from its columns")
         )
-    return CardRow(card, int(row.seq), row.plan_name, row.plan_digest, int(row.created_at_ms))
+    return CardRow(card, rec.seq, rec.plan_name, rec.plan_digest, rec.created_at_ms)
+
+
+def _card_or_none(rec: rc.CardRecord | None) -> CardRow | None:
+    return None if rec is None else _card(rec)
 
 
 def card_in(conn: Connection, plan_id: str) -> CardRow | None:
-    row = conn.execute(sa.select(control_plans).where(_P.plan_id == plan_id)).first()
-    return None if row is None else _card(row)
+    return _card_or_none(rc.card_in(conn, plan_id))
 
 
 def current_card_in(conn: Connection, digest: str) -> CardRow | None:
     """The newest card of a card digest (the one a launch of that content is governed by)."""
-    row = conn.execute(
-        sa.select(control_plans).where(_P.digest == digest).order_by(_P.seq.desc()).limit(1)
-    ).first()
-    return None if row is None else _card(row)
+    return _card_or_none(rc.current_card_in(conn, digest))
+
+
+def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRow]:
+    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first (what a reviewer
+    has to look at): a plan token with no decision row."""
+    return [_card(rec) for rec in rc.undecided_plan_cards_in(conn, limit)]
+
+
+def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRow | None:
+    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``
+    (what a reviewer compares a new card with), or None."""
+    return _card_or_none(rc.last_approved_card_in(conn, plan_name, other_than_digest))
 
 
 # -- tokens and decisions -----------------------------------------------------------------------------------------
@@ -228,10 +197,6 @@ class DecisionRow:
     via_grant_id: str | None = None
 
 
-_T = control_tokens.c
-_D = control_decisions.c
-
-
 def insert_token_in(
     conn: Connection,
     token_id: str,
@@ -245,115 +210,68 @@ def insert_token_in(
     run_id: str | None = None,
     request_id: str | None = None,
 ) -> TokenRow:
-    conn.execute(
-        sa.insert(control_tokens).values(
-            token_id=token_id,
-            kind=kind,
-            plan_id=plan_id,
-            run_id=run_id,
-            request_id=request_id,
-            flow_id=flow_id,
-            digest=digest,
-            envelope_json=canonical_text(envelope.to_json()),
-            created_at_ms=now_ms,
-        )
-    )
+    rc.insert_token_in(
+        conn, token_id, kind, flow_id=flow_id, digest=digest, envelope=envelope.to_json(), now_ms=now_ms,
+        plan_id=plan_id, run_id=run_id, request_id=request_id,
+    )  # fmt: skip
     return TokenRow(token_id, kind, flow_id, digest, envelope, now_ms, plan_id, run_id, request_id)
 
 
-def _token(row: Any) -> TokenRow:
+def _token(rec: rc.TokenRecord) -> TokenRow:
     try:
-        envelope = Envelope.from_json(loads(row.envelope_json))
+        envelope = Envelope.from_json(rec.envelope)
     except (ValueError, SmthrsError) as exc:
-        raise _decode_failed("approval token", row.token_id, exc) from exc
-    if row.kind not in ("Plan", "Node"):
-        raise _decode_failed("approval token", row.token_id, ValueError(f"unknown kind {row.kind!r}"))
+        raise _decode_failed("approval token", rec.token_id, exc) from exc
     return TokenRow(
-        row.token_id,
-        row.kind,
-        row.flow_id,
-        row.digest,
+        rec.token_id,
+        rec.kind,
+        rec.flow_id,
+        rec.digest,
         envelope,
-        int(row.created_at_ms),
-        row.plan_id,
-        row.run_id,
-        row.request_id,
+        rec.created_at_ms,
+        rec.plan_id,
+        rec.run_id,
+        rec.request_id,
     )
+
+
+def _token_or_none(rec: rc.TokenRecord | None) -> TokenRow | None:
+    return None if rec is None else _token(rec)
 
 
 def token_in(conn: Connection, token_id: str) -> TokenRow | None:
-    row = conn.execute(sa.select(control_tokens).where(_T.token_id == token_id)).first()
-    return None if row is None else _token(row)
+    return _token_or_none(rc.token_in(conn, token_id))
 
 
 def plan_token_in(conn: Connection, plan_id: str) -> TokenRow | None:
-    row = conn.execute(sa.select(control_tokens).where(_T.plan_id == plan_id)).first()
-    return None if row is None else _token(row)
-
-
-def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRow]:
-    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first (what a reviewer
-    has to look at): a plan token with no decision row."""
-    q = (
-        sa.select(control_plans)
-        .join(control_tokens, _T.plan_id == _P.plan_id)
-        .outerjoin(control_decisions, _D.token_id == _T.token_id)
-        .where(_T.kind == "Plan", _D.token_id.is_(None))
-        .order_by(_P.created_at_ms, _P.seq, _P.plan_id)
-        .limit(limit)
-    )
-    return [_card(row) for row in conn.execute(q)]
-
-
-def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRow | None:
-    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``
-    (what a reviewer compares a new card with), or None."""
-    q = (
-        sa.select(control_plans)
-        .join(control_tokens, _T.plan_id == _P.plan_id)
-        .join(control_decisions, _D.token_id == _T.token_id)
-        .where(_P.plan_name == plan_name, _P.digest != other_than_digest, _D.decision == "approved")
-        .order_by(_D.decided_at_ms.desc(), _P.seq.desc())
-        .limit(1)
-    )
-    row = conn.execute(q).first()
-    return None if row is None else _card(row)
+    return _token_or_none(rc.plan_token_in(conn, plan_id))
 
 
 def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRow | None:
-    row = conn.execute(
-        sa.select(control_tokens).where(_T.run_id == run_id, _T.request_id == request_id)
-    ).first()
-    return None if row is None else _token(row)
+    return _token_or_none(rc.node_token_in(conn, run_id, request_id))
 
 
 def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRow, DecisionRow | None]]:
     """Every node token of a run with its decision, in registration order."""
-    rows = conn.execute(
-        sa.select(control_tokens).where(_T.run_id == run_id).order_by(_T.created_at_ms, _T.token_id)
-    ).all()
-    out = []
-    for r in rows:
-        token = _token(r)
-        out.append((token, decision_in(conn, token.token_id)))
-    return out
+    return [(_token(t), _decision_or_none(d)) for t, d in rc.run_tokens_in(conn, run_id)]
+
+
+def _decision_or_none(rec: rc.DecisionRecord | None) -> DecisionRow | None:
+    if rec is None:
+        return None
+    return DecisionRow(
+        rec.token_id,
+        rec.decision,
+        _principal(rec.principal_id, rec.principal_kind, "decision", rec.token_id),
+        rec.decided_at_ms,
+        rec.scope,
+        rec.grant_id,
+        rec.via_grant_id,
+    )
 
 
 def decision_in(conn: Connection, token_id: str) -> DecisionRow | None:
-    row = conn.execute(sa.select(control_decisions).where(_D.token_id == token_id)).first()
-    if row is None:
-        return None
-    if row.decision not in ("approved", "denied"):
-        raise _decode_failed("decision", token_id, ValueError(f"unknown decision {row.decision!r}"))
-    return DecisionRow(
-        row.token_id,
-        row.decision,
-        _principal(row.principal_id, row.principal_kind, "decision", token_id),
-        int(row.decided_at_ms),
-        row.scope,
-        row.grant_id,
-        row.via_grant_id,
-    )
+    return _decision_or_none(rc.decision_in(conn, token_id))
 
 
 def insert_decision_in(conn: Connection, decision: DecisionRow) -> DecisionRow:
@@ -367,18 +285,13 @@ def insert_decision_in(conn: Connection, decision: DecisionRow) -> DecisionRow:
             token_id=decision.token_id,
             decision=existing.decision,
         )
-    conn.execute(
-        sa.insert(control_decisions).values(
-            token_id=decision.token_id,
-            decision=decision.decision,
-            principal_id=decision.principal.id,
-            principal_kind=decision.principal.kind,
-            scope=decision.scope,
-            grant_id=decision.grant_id,
-            via_grant_id=decision.via_grant_id,
-            decided_at_ms=decision.decided_at_ms,
-        )
-    )
+    rc.insert_decision_in(
+        conn,
+        rc.DecisionRecord(
+            decision.token_id, decision.decision, decision.principal.id, decision.principal.kind,
+            decision.decided_at_ms, decision.scope, decision.grant_id, decision.via_grant_id,
+        ),
+    )  # fmt: skip
     return decision
 
 
@@ -404,12 +317,10 @@ class GrantRow:
     used_by_run: str | None = None
 
 
-_G = control_grants.c
-
-
 def insert_grant_in(conn: Connection, grant: GrantRow) -> GrantRow:
-    conn.execute(
-        sa.insert(control_grants).values(
+    rc.insert_grant_in(
+        conn,
+        rc.GrantRecord(
             grant_id=grant.grant_id,
             token_id=grant.token_id,
             kind=grant.kind,
@@ -417,42 +328,42 @@ def insert_grant_in(conn: Connection, grant: GrantRow) -> GrantRow:
             flow_id=grant.flow_id,
             digest=grant.digest,
             envelope_digest=grant.envelope.digest,
-            envelope_json=canonical_text(grant.envelope.to_json()),
-            run_id=grant.run_id,
+            envelope=grant.envelope.to_json(),
             principal_id=grant.principal.id,
             principal_kind=grant.principal.kind,
             created_at_ms=grant.created_at_ms,
+            run_id=grant.run_id,
             used_at_ms=grant.used_at_ms,
             used_by_run=grant.used_by_run,
-        )
+        ),
     )
     return grant
 
 
-def _grant(row: Any) -> GrantRow:
+def _grant(rec: rc.GrantRecord) -> GrantRow:
     try:
-        envelope = Envelope.from_json(loads(row.envelope_json))
+        envelope = Envelope.from_json(rec.envelope)
     except (ValueError, SmthrsError) as exc:
-        raise _decode_failed("grant", row.grant_id, exc) from exc
+        raise _decode_failed("grant", rec.grant_id, exc) from exc
     return GrantRow(
-        row.grant_id,
-        row.token_id,
-        row.kind,
-        row.scope,
-        row.flow_id,
-        row.digest,
+        rec.grant_id,
+        rec.token_id,
+        rec.kind,
+        rec.scope,
+        rec.flow_id,
+        rec.digest,
         envelope,
-        _principal(row.principal_id, row.principal_kind, "grant", row.grant_id),
-        int(row.created_at_ms),
-        row.run_id,
-        None if row.used_at_ms is None else int(row.used_at_ms),
-        row.used_by_run,
+        _principal(rec.principal_id, rec.principal_kind, "grant", rec.grant_id),
+        rec.created_at_ms,
+        rec.run_id,
+        rec.used_at_ms,
+        rec.used_by_run,
     )
 
 
 def grant_in(conn: Connection, grant_id: str) -> GrantRow | None:
-    row = conn.execute(sa.select(control_grants).where(_G.grant_id == grant_id)).first()
-    return None if row is None else _grant(row)
+    rec = rc.grant_in(conn, grant_id)
+    return None if rec is None else _grant(rec)
 
 
 def matching_grant_in(
@@ -467,19 +378,11 @@ def matching_grant_in(
     """An earlier grant that already covers a new request: a ``remembered`` grant of the same flow, digest and
     envelope, or (with ``run_id``) a ``run`` grant of that run with the same digest and envelope. Envelopes match
     by canonical bytes (stored digest, then re-checked on the decoded row)."""
-    env_digest = envelope.digest
-    conds = [
-        sa.and_(_G.scope == "remembered", _G.flow_id == flow_id),
-    ]
-    if run_id is not None:
-        conds.append(sa.and_(_G.scope == "run", _G.run_id == run_id))
-    rows = conn.execute(
-        sa.select(control_grants)
-        .where(_G.kind == kind, _G.digest == digest, _G.envelope_digest == env_digest, sa.or_(*conds))
-        .order_by(_G.created_at_ms, _G.grant_id)
-    ).all()
-    for row in rows:
-        grant = _grant(row)
+    candidates = rc.grant_candidates_in(
+        conn, kind, flow_id=flow_id, digest=digest, envelope_digest=envelope.digest, run_id=run_id
+    )
+    for rec in candidates:
+        grant = _grant(rec)
         if grant.envelope.canonical() == envelope.canonical():
             return grant
     return None
@@ -487,12 +390,7 @@ def matching_grant_in(
 
 def use_grant_in(conn: Connection, grant_id: str, run_id: str, now_ms: int) -> bool:
     """Mark a ``once`` grant used by ``run_id``; False when another run already used it (compare-and-set)."""
-    n = conn.execute(
-        sa.update(control_grants)
-        .where(_G.grant_id == grant_id, _G.used_at_ms.is_(None))
-        .values(used_at_ms=now_ms, used_by_run=run_id)
-    ).rowcount
-    return bool(n)
+    return rc.use_grant_in(conn, grant_id, run_id, now_ms)
 
 
 # -- receipts ------------------------------------------------------------------------------------------------------
@@ -508,37 +406,23 @@ class ReceiptRow:
     created_at_ms: int
 
 
-_R = control_receipts.c
-
-
 def receipt_in(conn: Connection, durable_key: str) -> ReceiptRow | None:
-    row = conn.execute(sa.select(control_receipts).where(_R.durable_key == durable_key)).first()
-    if row is None:
+    rec = rc.receipt_in(conn, durable_key)
+    if rec is None:
         return None
     try:
-        receipt = receipt_from_dict(json.loads(row.receipt_json))
+        receipt = receipt_from_dict(rec.receipt)
     except (ValueError, SmthrsError) as exc:
         raise _decode_failed("receipt", durable_key, exc) from exc
     if not isinstance(receipt, Accepted):
         raise _decode_failed("receipt", durable_key, ValueError(f"a stored receipt is {receipt.type}"))
-    return ReceiptRow(
-        row.durable_key, row.operation, row.fingerprint, receipt, row.run_id, int(row.created_at_ms)
-    )
+    return ReceiptRow(rec.durable_key, rec.operation, rec.fingerprint, receipt, rec.run_id, rec.created_at_ms)
 
 
 def insert_receipt_in(
     conn: Connection, durable_key: str, operation: str, fingerprint: str, receipt: Accepted, now_ms: int
 ) -> None:
-    conn.execute(
-        sa.insert(control_receipts).values(
-            durable_key=durable_key,
-            operation=operation,
-            fingerprint=fingerprint,
-            receipt_json=canonical_text(receipt.to_dict()),
-            run_id=receipt.run_id,
-            created_at_ms=now_ms,
-        )
-    )
+    rc.insert_receipt_in(conn, durable_key, operation, fingerprint, receipt.to_dict(), receipt.run_id, now_ms)
 
 
 # -- admitted runs and resume delegations -----------------------------------------------------------------------------
@@ -571,57 +455,35 @@ class AdmissionRow:
         return out
 
 
-_A = control_runs.c
-
-
 def insert_admission_in(conn: Connection, a: AdmissionRow) -> None:
-    conn.execute(
-        sa.insert(control_runs).values(
-            run_id=a.run_id,
-            plan_id=a.plan_id,
-            card_digest=a.card_digest,
-            token_id=a.token_id,
-            grant_id=a.grant_id,
-            durable_key=a.durable_key,
-            admitted_by_id=a.admitted_by.id,
-            admitted_by_kind=a.admitted_by.kind,
-            admitted_at_ms=a.admitted_at_ms,
-        )
-    )
+    rc.insert_admission_in(
+        conn,
+        rc.AdmissionRecord(
+            a.run_id, a.plan_id, a.card_digest, a.durable_key, a.admitted_by.id, a.admitted_by.kind,
+            a.admitted_at_ms, a.token_id, a.grant_id,
+        ),
+    )  # fmt: skip
 
 
 def admission_in(conn: Connection, run_id: str) -> AdmissionRow | None:
-    row = conn.execute(sa.select(control_runs).where(_A.run_id == run_id)).first()
-    if row is None:
+    rec = rc.admission_in(conn, run_id)
+    if rec is None:
         return None
     return AdmissionRow(
-        row.run_id,
-        row.plan_id,
-        row.card_digest,
-        row.durable_key,
-        _principal(row.admitted_by_id, row.admitted_by_kind, "admitted run", run_id),
-        int(row.admitted_at_ms),
-        row.token_id,
-        row.grant_id,
+        rec.run_id,
+        rec.plan_id,
+        rec.card_digest,
+        rec.durable_key,
+        _principal(rec.admitted_by_id, rec.admitted_by_kind, "admitted run", run_id),
+        rec.admitted_at_ms,
+        rec.token_id,
+        rec.grant_id,
     )
 
 
 def insert_resume_in(conn: Connection, run_id: str, decision: DecisionRow) -> bool:
     """Record the resume delegation a node decision makes (first writer wins per (run, token))."""
-    c = control_resumes.c
-    exists = conn.execute(
-        sa.select(c.run_id).where(c.run_id == run_id, c.token_id == decision.token_id)
-    ).first()
-    if exists is not None:
-        return False
-    conn.execute(
-        sa.insert(control_resumes).values(
-            run_id=run_id,
-            token_id=decision.token_id,
-            decision=decision.decision,
-            principal_id=decision.principal.id,
-            principal_kind=decision.principal.kind,
-            created_at_ms=decision.decided_at_ms,
-        )
-    )
-    return True
+    return rc.insert_resume_in(
+        conn, run_id, decision.token_id, decision.decision, decision.principal.id, decision.principal.kind,
+        decision.decided_at_ms,
+    )  # fmt: skip

@@ -12,8 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..engine.run_records import decode_run_or_raise
-from ..stores.schema import runs
+from ..records.runs import record_in
 from . import store as st
 from .identity import JSON
 
@@ -84,10 +83,9 @@ class RunView:
 
 
 def view_in(conn: Connection, run_id: str) -> RunView | None:
-    row = conn.execute(runs.select().where(runs.c.run_id == run_id)).first()
-    if row is None:
+    rec = record_in(conn, run_id)
+    if rec is None:
         return None
-    rec = decode_run_or_raise(row)
     requests = []
     for token, decision in st.run_tokens_in(conn, run_id):
         requests.append(

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 
 from ..errors import FenceLost, SmthrsError, StoreError
 from .context import RunCancelled, RunContext, RunParked, RunReleased, activate
+from .facts import control_settled_in
 from .heartbeat import Heartbeater, Interrupt
 from .journal import JournalEvent
 from .ownership import Activated, ClaimDecision, Ownership
@@ -278,6 +279,7 @@ class ActiveRun:
 
         def fn(conn: Connection) -> Settled | Cancelled:
             out = self.runs.finish(self.run_id, owner, status, result=result, error=error)
+            control_settled_in(conn, self.runs.journal, self.run_id)
             self.waits.complete_run_clocks_in(conn, self.run_id)
             return out
 

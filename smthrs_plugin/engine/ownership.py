@@ -12,7 +12,7 @@ Invariants:
   In the common case each is ONE conditional statement (reserve: ``UPDATE ... WHERE claimable RETURNING``;
   activate: ``UPDATE ... WHERE token, status and waiting reason unchanged RETURNING``); a miss writes nothing
   and the row is then judged as read in a transaction, exactly as before. On PostgreSQL the activation and its
-  journal record are one statement too (see fence.RunUpdate.write_journaled).
+  journal record are one statement too (see records.runs.RunUpdate.write_journaled).
 - A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
   verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
   ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired (heartbeat age ≥
@@ -36,23 +36,21 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import FenceLost, StoreError
-from ..settings import Settings, load_settings
-from ..stores.database import Database, DriverStatement
-from ..stores.schema import TERMINAL_STATUSES, runs
-from .fence import (
+from ..records.journal import Journal
+from ..records.runs import (
+    ACTIVATE,
     CLEAR_CLAIM,
     CLEAR_OWNER,
     CLEAR_WAIT,
-    OBSERVED_COLUMNS,
-    OWNED,
+    HEARTBEAT,
+    RESERVE,
+    TERMINAL_STATUSES,
     FenceRow,
     OwnerId,
-    RunUpdate,
     assert_owner,
     bump_run,
     bump_run_observed,
@@ -60,7 +58,10 @@ from .fence import (
     fact_of,
     remember_observed,
 )
-from .journal import Journal
+from ..records.runs import row_in as _select_row
+from ..settings import Settings, load_settings
+from ..stores.database import Database
+from .facts import control_admitted_in, control_running_in
 from .liveness import Alive, Dead, LeaseLiveness, LivenessCheck, LivenessContext, process_start_token
 
 __all__ = [
@@ -171,7 +172,7 @@ class Released:
 @dataclass(frozen=True)
 class _Reserved:
     token: str
-    seen: Any  # the row's observed columns (fence.OBSERVED_COLUMNS) when reserved: activation expects them
+    seen: Any  # the row's observed columns (records.runs.OBSERVED_COLUMNS) when reserved: activation expects them
 
     @property
     def status(self) -> str:
@@ -299,6 +300,7 @@ class Ownership:
                 "fact": fact,
             },
         )
+        control_running_in(conn, self.journal, row.run_id)
         return Activated(row.run_id, self.owner, rev, evidence, recorded, row.cancel_requested_at_ms)
 
     def _reserve_write(self, run_id: str) -> _Reserved | _Running | ClaimDecision | _Changed:
@@ -308,7 +310,7 @@ class Ownership:
         o = self.owner
         token = uuid.uuid4().hex
         now = self.clock.now_ms()
-        reserved = _RESERVE.write(
+        reserved = RESERVE.write(
             self.db,
             {
                 "b_run_id": run_id,
@@ -360,7 +362,10 @@ class Ownership:
         return _Reserved(token, row)
 
     def _activate_write(self, run_id: str, reserved: _Reserved) -> ClaimDecision:
-        if self.db.dialect == "postgresql":
+        # The one-statement path journals only ``run-activated``; a control-admitted run also needs its
+        # ``control.run.running`` in the same transaction, so it takes the multi-statement path. Reading the
+        # admission first is safe: it commits with the run row and never changes.
+        if self.db.dialect == "postgresql" and not self.db.read(lambda c: control_admitted_in(c, run_id)):
             done = self._activate_alone(run_id, reserved)
             if done is not None:
                 return done
@@ -385,7 +390,7 @@ class Ownership:
             "run-activated",
             self._activation_payload(reserved.status, reserved.waiting_reason, fact_of(after)),
         )
-        done = _ACTIVATE.write_journaled(self.db, self._activate_params(run_id, reserved, now), seen, record)
+        done = ACTIVATE.write_journaled(self.db, self._activate_params(run_id, reserved, now), seen, record)
         if done is None:
             return None
         remember_observed(self.db, done)
@@ -413,7 +418,7 @@ class Ownership:
         # it had when reserved, so the journaled ``from_status``/``waiting_reason`` are exactly the reserved ones.
         # Any difference matched nothing, wrote nothing, and is judged below on the row as it is now.
         now = self.clock.now_ms()
-        done = _ACTIVATE.first(conn, self._activate_params(run_id, reserved, now))
+        done = ACTIVATE.first(conn, self._activate_params(run_id, reserved, now))
         if done is not None:
             remember_observed(self.db, done)
             return self._activated(
@@ -454,6 +459,7 @@ class Ownership:
     ) -> Activated:
         payload = self._activation_payload(from_status, waiting_reason, fact)
         self.journal.append_in(conn, run_id, "run-activated", payload)
+        control_running_in(conn, self.journal, run_id)
         revision = int(row.revision) if rev is None else rev
         return Activated(run_id, self.owner, revision, cancel_requested_at_ms=row.cancel_requested_at_ms)
 
@@ -483,7 +489,7 @@ class Ownership:
         args = {"b_run_id": run_id, "b_host": o.host_id, "b_pid": o.pid, "b_nonce": o.nonce, "b_now": now}
         # One fenced statement is the whole transaction (one round trip on PostgreSQL): the fence is the
         # UPDATE's own WHERE clause and the revision bump happens only when it matched.
-        row = _HEARTBEAT.write(self.db, args)
+        row = HEARTBEAT.write(self.db, args)
         if row is None:
             # Nothing was written; say who holds the run now (assert_owner raises FenceLost when it is not us).
             self.db.read(lambda c: assert_owner(c, run_id, self.owner))
@@ -522,63 +528,3 @@ class Ownership:
             {"cause": cause, "owner": self.owner.to_json(), "fact": fact},
         )
         return Released(run_id, rev)
-
-
-_r = runs.c
-_SELECT_ROW = DriverStatement(sa.select(runs).where(_r.run_id == sa.bindparam("b_run_id")))
-_HEARTBEAT = RunUpdate(
-    {"heartbeat_at_ms": sa.bindparam("b_now"), "updated_at_ms": sa.bindparam("b_now")},
-    where=OWNED,
-    returning=(_r.cancel_requested_at_ms,),
-)
-# Reserve a claimable row unless another incarnation holds a claim younger than the stale window (the same
-# judgement _reserve makes in Python on a row it read; a row this misses gets that judgement).
-_RESERVE = RunUpdate(
-    {
-        "claim_host": sa.bindparam("b_host"),
-        "claim_pid": sa.bindparam("b_pid"),
-        "claim_nonce": sa.bindparam("b_nonce"),
-        "claim_token": sa.bindparam("b_token"),
-        "claimed_at_ms": sa.bindparam("b_now"),
-        "updated_at_ms": sa.bindparam("b_now"),
-    },
-    where=sa.and_(
-        sa.or_(_r.status == "pending", _r.status == "suspended"),
-        sa.or_(
-            _r.claim_token.is_(None),
-            sa.and_(
-                _r.claim_host == sa.bindparam("b_host"),
-                _r.claim_pid == sa.bindparam("b_pid"),
-                _r.claim_nonce == sa.bindparam("b_nonce"),
-            ),
-            sa.bindparam("b_now", type_=sa.BigInteger) - _r.claimed_at_ms
-            >= sa.bindparam("b_stale", type_=sa.BigInteger),
-        ),
-    ),
-    returning=OBSERVED_COLUMNS,
-)
-_ACTIVATE = RunUpdate(
-    {
-        "status": "running",
-        "owner_host": sa.bindparam("b_host"),
-        "owner_pid": sa.bindparam("b_pid"),
-        "owner_nonce": sa.bindparam("b_nonce"),
-        "owner_proc_start": sa.bindparam("b_proc_start", type_=sa.Text),
-        "heartbeat_at_ms": sa.bindparam("b_now"),
-        **{c: None for c in CLEAR_CLAIM},
-        **{c: None for c in CLEAR_WAIT},
-        "started_at_ms": sa.func.coalesce(_r.started_at_ms, sa.bindparam("b_now", type_=sa.BigInteger)),
-        "updated_at_ms": sa.bindparam("b_now"),
-    },
-    where=sa.and_(
-        _r.claim_token == sa.bindparam("b_token"),
-        _r.status == sa.bindparam("b_from_status"),
-        _r.waiting_reason.is_not_distinct_from(sa.bindparam("b_from_reason", type_=sa.Text)),
-    ),
-    returning=OBSERVED_COLUMNS,  # cancel_requested_at_ms is among them
-    journaled=True,
-)
-
-
-def _select_row(conn: Connection, run_id: str) -> Any | None:
-    return _SELECT_ROW.first(conn, {"b_run_id": run_id})

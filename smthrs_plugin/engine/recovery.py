@@ -33,17 +33,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import StoreError
+from ..records.journal import Journal
+from ..records.runs import claimed_count_in, execution_fact, release_all_in, running_owners_in
 from ..stores._migrate import VERSION_TABLE, known_revisions
 from ..stores.database import Database, normalize_url, open_database
-from ..stores.schema import runs
-from .facts import execution_fact
-from .fence import CLEAR_CLAIM, CLEAR_OWNER, CLEAR_WAIT
-from .journal import Journal
 
 __all__ = [
     "BackupManifest",
@@ -260,36 +257,13 @@ def fence(db: Database, *, clock: Clock = SYSTEM_CLOCK, cause: str = "recovery-f
     journal = Journal(db, clock=clock)
 
     def fn(conn: Connection) -> Fenced:
-        r = runs.c
-        running = conn.execute(
-            sa.select(r.run_id, r.owner_host, r.owner_pid, r.owner_nonce)
-            .where(r.status == "running")
-            .order_by(r.run_id)
-        ).all()
-        claimed = conn.execute(sa.select(sa.func.count()).where(r.claim_token.is_not(None))).scalar_one()
+        running = running_owners_in(conn)
+        claimed = claimed_count_in(conn)
         if not running and not claimed:
             return Fenced((), 0, None)
         now = clock.now_ms()
         rev = db.next_revision(conn)
-        conn.execute(
-            sa.update(runs)
-            .where(r.claim_token.is_not(None))
-            .values({**CLEAR_CLAIM, "updated_at_ms": now, "revision": rev})
-        )
-        conn.execute(
-            sa.update(runs)
-            .where(r.status == "running")
-            .values(
-                {
-                    **CLEAR_OWNER,
-                    **CLEAR_WAIT,
-                    "status": "suspended",
-                    "waiting_reason": "released",
-                    "updated_at_ms": now,
-                    "revision": rev,
-                }
-            )
-        )
+        release_all_in(conn, now, rev)
         for row in running:
             owner = {"host_id": row.owner_host, "pid": row.owner_pid, "nonce": row.owner_nonce}
             journal.append_in(

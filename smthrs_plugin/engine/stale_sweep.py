@@ -24,9 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
-from ..stores.schema import runs
+from ..records.runs import leases, stale_running_page_in
 from .ownership import ClaimDecision, Ownership, StealRefusedOwnerAlive
 
 __all__ = ["StaleSweep", "SweepTick", "STALE_SWEEP_BATCH"]
@@ -100,12 +98,10 @@ class StaleSweep:
         return SweepTick(self._tick, tuple(probed), tuple(passed))
 
     def _page(self, horizon: int, after: tuple[int, str] | None) -> list[Any]:
-        return self.db.read(lambda c: _stale_page(c, horizon, after, self.batch))
+        return self.db.read(lambda c: stale_running_page_in(c, horizon, after, self.batch))
 
     def _rows(self, run_ids: list[str]) -> list[Any]:
-        r = runs.c
-        q = sa.select(r.run_id, r.status, r.heartbeat_at_ms, r.owner_nonce).where(r.run_id.in_(run_ids))
-        return self.db.read(lambda c: list(c.execute(q).all()))
+        return leases(self.db, run_ids)
 
     def _note(self, run_id: str, lease: int, owner_nonce: str, decision: ClaimDecision) -> None:
         if not isinstance(decision, StealRefusedOwnerAlive):
@@ -137,15 +133,3 @@ class StaleSweep:
                     or (int(r.heartbeat_at_ms), r.owner_nonce) != (d.lease, d.owner_nonce)
                 ):
                     del self._deferred[run_id]
-
-
-def _stale_page(conn: Any, horizon: int, after: tuple[int, str] | None, limit: int) -> list[Any]:
-    r = runs.c
-    q = sa.select(r.run_id, r.heartbeat_at_ms, r.owner_host, r.owner_pid, r.owner_nonce).where(
-        r.status == "running", r.heartbeat_at_ms <= horizon
-    )
-    if after is not None:
-        q = q.where(
-            sa.or_(r.heartbeat_at_ms > after[0], sa.and_(r.heartbeat_at_ms == after[0], r.run_id > after[1]))
-        )
-    return list(conn.execute(q.order_by(r.heartbeat_at_ms, r.run_id).limit(limit)).all())

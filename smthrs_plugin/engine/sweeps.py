@@ -23,17 +23,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
+from ..records.runs import pending_runs
 from ..stores.database import Database
-from ..stores.schema import runs
 from .wait_records import WaitingFilter
 from .waits import WaitStore
 
 __all__ = ["RetryPolicy", "Candidate", "cancel_candidates", "runnable_candidates", "SWEEP_BATCH"]
 
 SWEEP_BATCH = 64
-_r = runs.c
 
 
 @dataclass(frozen=True)
@@ -98,10 +95,5 @@ def runnable_candidates(
 def _pending(
     db: Database, flows: tuple[str, ...] | None, limit: int, *, cancel_requested: bool | None
 ) -> list[Candidate]:
-    q = sa.select(_r.run_id, _r.flow).where(_r.status == "pending")
-    if flows is not None:
-        q = q.where(_r.flow.in_(flows))
-    if cancel_requested:
-        q = q.where(_r.cancel_requested_at_ms.is_not(None))
-    q = q.order_by(_r.updated_at_ms, _r.run_id).limit(limit)
-    return [Candidate(row.run_id, row.flow, "pending") for row in db.read(lambda c: c.execute(q).all())]
+    rows = pending_runs(db, flows, limit, cancel_requested=cancel_requested)
+    return [Candidate(row.run_id, row.flow, "pending") for row in rows]

@@ -2,7 +2,8 @@
 
 Invariants:
 
-- **Filters in SQL, before the limit.** status, flow, effective parent (``None`` selects runs without one),
+- **Filters in SQL, before the limit.** The statement is the runs owner's (``records.runs.catalog_query``); this
+  module binds it to filters and cursors. status, flow, effective parent (``None`` selects runs without one),
   lineage, waiting reason (``None`` selects runs with no stored wait), created after/before (inclusive). Omitted
   filters are unconstrained (:data:`ANY` marks "omitted" where ``None`` is a meaningful value).
 - **Order** ``(created_at_ms, run_id)`` ascending (both immutable), ties by run id in the database's binary
@@ -50,38 +51,25 @@ pagination ("use the index, Luke").
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
 from ..canonical import sha256_hex
 from ..errors import ControlError
+from ..records.runs import ANY, RUN_STATUSES, catalog_page_in, catalog_query
+from ..records.runs import Unconstrained as _Unconstrained
 from ..stores.database import Database
-from ..stores.schema import RUN_STATUSES, run_parents, runs
 from ._cursor import canonical_or_invalid, check_limit, check_text, decode_cursor, encode_cursor
-from .snapshot import Observed, observe_rows, watermark_of
+from .snapshot import Observed, observe_records, watermark_of
 
 __all__ = ["ANY", "RunFilters", "RunPage", "list_runs", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 200
 _MAX_SAFE_INT = 2**53 - 1
-
-
-class _Unconstrained(enum.Enum):
-    ANY = "any"
-
-    def __repr__(self) -> str:
-        return "ANY"
-
-
-#: "This filter is omitted", for the filters where ``None`` itself is a value to match.
-ANY = _Unconstrained.ANY
 
 
 @dataclass(frozen=True)
@@ -173,11 +161,10 @@ def list_runs(
     def fn(conn: Connection) -> RunPage:
         source, revision = watermark_of(conn)
         after = None if cursor is None else _after(cursor, source, binding)
-        rows = conn.execute(_query(f, after, limit + 1)).all()
-        page = rows[:limit]
-        observed = tuple(observe_rows(conn, page))
+        page, more = catalog_page_in(conn, _filters(f), after, limit)
+        observed = tuple(observe_records(conn, page))
         nxt = None
-        if len(rows) > limit:
+        if more:
             last = page[-1]
             nxt = encode_cursor(
                 "runs", source, {"f": binding, "at": int(last.created_at_ms), "id": last.run_id}
@@ -203,48 +190,10 @@ def _after(cursor: str, source: str, binding: str) -> tuple[int, str]:
     return at, rid
 
 
-def _query(f: RunFilters, after: tuple[int, str] | None, n: int) -> sa.Select[Any]:
-    r = runs.c
-    conds: list[ColumnElement[bool]] = []
-    if f.status is not None:
-        conds.append(r.status == f.status)
-    if f.flow is not None:
-        conds.append(r.flow == f.flow)
-    if f.lineage_id is not None:
-        conds.append(r.lineage_id == f.lineage_id)
-    if f.waiting_reason is None:
-        conds.append(r.waiting_reason.is_(None))
-    elif f.waiting_reason is not ANY:
-        conds.append(r.waiting_reason == f.waiting_reason)
-    if f.created_after_ms is not None:
-        conds.append(r.created_at_ms >= f.created_after_ms)
-    if f.created_before_ms is not None:
-        conds.append(r.created_at_ms <= f.created_before_ms)
-    e = run_parents.c
-    if f.parent_run_id is None:
-        conds.append(r.parent_run_id.is_(None))
-        conds.append(~sa.exists().where(e.child_id == r.run_id))
-    elif f.parent_run_id is not ANY:
-        p = f.parent_run_id
-        # Candidates: the column, or a spawn edge naming p; then the exact rule (the EARLIEST edge decides).
-        by_column = runs.alias("by_column")
-        candidates = sa.union(
-            sa.select(by_column.c.run_id).where(by_column.c.parent_run_id == p),
-            sa.select(e.child_id).where(e.parent_id == p),
-        )
-        first_edge = (
-            sa.select(e.parent_id)
-            .where(e.child_id == r.run_id)
-            .order_by(e.seq, e.parent_id)
-            .limit(1)
-            .scalar_subquery()
-        )
-        # COALESCE on purpose: an OR here lets SQLite drive from "parent_run_id IS NULL" (most of the history)
-        # instead of from the candidates.
-        conds.append(r.run_id.in_(candidates))
-        conds.append(sa.func.coalesce(r.parent_run_id, first_edge) == p)
-    if after is not None:
-        conds.append(
-            sa.tuple_(r.created_at_ms, r.run_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1]))
-        )
-    return sa.select(runs).where(*conds).order_by(r.created_at_ms, r.run_id).limit(n)
+def _filters(f: RunFilters) -> dict[str, Any]:
+    return {x.name: getattr(f, x.name) for x in fields(f)}
+
+
+def _query(f: RunFilters, after: tuple[int, str] | None, n: int) -> Any:
+    """The catalog's statement for ``f`` (what a page reads; the query-plan tests EXPLAIN it)."""
+    return catalog_query(**_filters(f), after=after, n=n)

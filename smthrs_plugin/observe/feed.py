@@ -3,7 +3,7 @@
 Invariants:
 
 - **Revisions are the clock.** Every run-row mutation takes the next global per-database revision in its own
-  transaction (``engine/runs.py``), and writes are serialized, so revision order is commit order: in any read
+  transaction (``records/runs.py``, which also holds this feed's statements), and writes are serialized, so revision order is commit order: in any read
   snapshot whose watermark is W, every mutation with a revision <= W is visible. :func:`changes_since` therefore
   returns, in ONE read transaction, the runs and tombstones with ``revision > r`` in revision order, and a
   consumer that continues from ``next_revision`` misses nothing and never goes back.
@@ -28,12 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import ControlError
+from ..records.runs import changes_after_in, changes_at_in
 from ..stores.database import Database
-from ..stores.schema import run_tombstones, runs
 from ._cursor import check_limit, check_text
 from .snapshot import is_newer, watermark_of
 
@@ -115,37 +114,13 @@ def changes_since(db: Database, source: str, revision: int, *, limit: int = 100)
                 revision=revision,
                 watermark=watermark,
             )
-        rows = _changes(conn, revision, limit + 1)
+        rows = changes_after_in(conn, revision, limit + 1)
         page, more = _cut(conn, rows, limit)
         changes = tuple(Change(rid, src, rev, deleted) for rev, rid, deleted in page)
         nxt = page[-1][0] if more else watermark
         return ChangePage(changes, src, watermark, nxt, more)
 
     return db.read(fn)
-
-
-def _changes(conn: Connection, after: int, n: int) -> list[tuple[int, str, bool]]:
-    r, t = runs.c, run_tombstones.c
-    live = sa.select(r.revision, r.run_id).where(r.revision > after).order_by(r.revision, r.run_id).limit(n)
-    # A tombstone whose id was recreated is superseded by the (strictly newer) live row.
-    dead = (
-        sa.select(t.revision, t.run_id)
-        .where(t.revision > after, ~sa.exists().where(r.run_id == t.run_id))
-        .order_by(t.revision, t.run_id)
-        .limit(n)
-    )
-    merged = [(int(x.revision), x.run_id, False) for x in conn.execute(live)]
-    merged += [(int(x.revision), x.run_id, True) for x in conn.execute(dead)]
-    merged.sort()
-    return merged[:n]
-
-
-def _at(conn: Connection, rev: int) -> list[tuple[int, str, bool]]:
-    r, t = runs.c, run_tombstones.c
-    out = [(rev, x, False) for x in conn.execute(sa.select(r.run_id).where(r.revision == rev)).scalars()]
-    dead = sa.select(t.run_id).where(t.revision == rev, ~sa.exists().where(r.run_id == t.run_id))
-    out += [(rev, x, True) for x in conn.execute(dead).scalars()]
-    return sorted(out)
 
 
 def _cut(
@@ -160,4 +135,4 @@ def _cut(
     # The lookahead shares the page's last revision: end the page before that revision; if the page holds
     # nothing else, return that whole revision instead (a page must make progress, and must not split it).
     trimmed = [row for row in page if row[0] != boundary]
-    return (trimmed or _at(conn, boundary)), True
+    return (trimmed or changes_at_in(conn, boundary)), True

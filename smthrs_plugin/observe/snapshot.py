@@ -3,7 +3,8 @@
 Invariants:
 
 - **One read transaction.** :func:`read` and :func:`related` run every statement of a call (source identity,
-  revision watermark, rows, parent edges, tombstones) in ONE :meth:`Database.read` transaction: a deferred
+  revision watermark, rows, parent edges, tombstones: the runs and run-DAG owners' ``*_in`` reads) in ONE
+  :meth:`Database.read` transaction: a deferred
   ``BEGIN`` on SQLite (WAL: the snapshot is fixed at the first read and a writer may commit meanwhile) and a
   ``REPEATABLE READ`` transaction on PostgreSQL (one snapshot for the whole transaction). Every field of a batch
   therefore describes the same database state, and ``batch.revision`` is the watermark of that state.
@@ -27,13 +28,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
-from ..engine.run_records import RunRecord, decode_run_or_raise
 from ..errors import ControlError, InvalidInput
+from ..records.run_dag import child_keys_in, first_parents_in
+from ..records.runs import RunRecord, records_in, round_keys_in, tombstone_revisions_in, watermark_in
 from ..stores.database import Database
-from ..stores.schema import meta, run_parents, run_tombstones, runs
 from ._cursor import check_limit, check_text, decode_cursor, encode_cursor
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
 
 MAX_BATCH = 200
 MAX_RELATED_LIMIT = 200
-_IN_CHUNK = 500
 
 #: Durable waiting reasons → the structured wait kind (unknown plugin reasons stay ``other``: never approval).
 _WAIT_KINDS = {
@@ -249,10 +248,10 @@ def related(
         after = _related_after(cursor, source, run_id, kind)
         anchor = observe_ids(conn, [run_id], watermark)[run_id]
         if kind == "children":
-            keys = _child_keys(conn, run_id, after, limit + 1)
+            keys = child_keys_in(conn, run_id, after, limit + 1)
         else:
             lineage = anchor.lineage_id if isinstance(anchor, Observed) else run_id
-            keys = _round_keys(conn, lineage, after, limit + 1)
+            keys = round_keys_in(conn, lineage, after, limit + 1)
         page, more = keys[:limit], len(keys) > limit
         found = observe_ids(conn, [k[1] for k in page], watermark)
         nxt = None
@@ -281,81 +280,35 @@ def _related_after(cursor: str | None, source: str, run_id: str, kind: str) -> t
     return (key[0], key[1])
 
 
-def _child_keys(
-    conn: Connection, parent: str, after: tuple[int, str] | None, n: int
-) -> list[tuple[int, str]]:
-    e = run_parents.c
-    q = sa.select(e.seq, e.child_id).where(e.parent_id == parent)
-    if after is not None:
-        q = q.where(sa.tuple_(e.seq, e.child_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1])))
-    rows = conn.execute(q.order_by(e.seq, e.child_id).limit(n)).all()
-    return [(int(r.seq), r.child_id) for r in rows]
-
-
-def _round_keys(
-    conn: Connection, lineage: str, after: tuple[int, str] | None, n: int
-) -> list[tuple[int, str]]:
-    r = runs.c
-    q = sa.select(r.round_ordinal, r.run_id).where(r.lineage_id == lineage)
-    if after is not None:
-        q = q.where(
-            sa.tuple_(r.round_ordinal, r.run_id) > sa.tuple_(sa.literal(after[0]), sa.literal(after[1]))
-        )
-    rows = conn.execute(q.order_by(r.round_ordinal, r.run_id).limit(n)).all()
-    return [(int(x.round_ordinal), x.run_id) for x in rows]
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Shared with the catalog and the feed (same floor): decoding rows inside the caller's read transaction.
+# Shared with the catalog and the feed (same floor): observations of the runs owner's records, inside the caller's
+# read transaction.
 
 
 def watermark_of(conn: Connection) -> tuple[str, int]:
     """(source identity, global revision) as seen by ``conn``'s transaction."""
-    row = conn.execute(sa.select(meta.c.source_id, meta.c.revision).where(meta.c.id == 1)).one()
-    return str(row.source_id), int(row.revision)
+    return watermark_in(conn)
 
 
 def observe_ids(conn: Connection, ids: Iterable[str], watermark: int) -> dict[str, Observation]:
     """Observation of every distinct id, read on ``conn``."""
     unique = list(dict.fromkeys(ids))
-    rows: list[Row[Any]] = []
-    for i in range(0, len(unique), _IN_CHUNK):
-        chunk = unique[i : i + _IN_CHUNK]
-        rows.extend(conn.execute(sa.select(runs).where(runs.c.run_id.in_(chunk))).all())
-    out: dict[str, Observation] = dict(zip((r.run_id for r in rows), observe_rows(conn, rows), strict=True))
+    records = records_in(conn, unique)
+    out: dict[str, Observation] = dict(
+        zip((r.run_id for r in records), observe_records(conn, records), strict=True)
+    )
     absent = [i for i in unique if i not in out]
-    tombs: dict[str, int] = {}
-    t = run_tombstones.c
-    for k in range(0, len(absent), _IN_CHUNK):
-        chunk = absent[k : k + _IN_CHUNK]
-        for row in conn.execute(sa.select(t.run_id, t.revision).where(t.run_id.in_(chunk))):
-            tombs[row.run_id] = int(row.revision)
+    tombs = tombstone_revisions_in(conn, absent)
     for rid in absent:
         out[rid] = Missing(rid, True, tombs[rid]) if rid in tombs else Missing(rid, False, watermark)
     return out
 
 
-def observe_rows(conn: Connection, rows: Sequence[Row[Any]]) -> list[Observed]:
-    """Observations of ``runs`` rows (full rows), resolving effective parents on ``conn``; order kept."""
-    records = [decode_run_or_raise(r) for r in rows]
+def observe_records(conn: Connection, records: Sequence[RunRecord]) -> list[Observed]:
+    """Observations of decoded runs, resolving effective parents on ``conn``; order kept."""
     orphans = [rec.run_id for rec in records if rec.parent_run_id is None]
-    first_edge = _first_edges(conn, orphans)
+    first_edge = first_parents_in(conn, orphans)
     return [_observed(rec, rec.parent_run_id or first_edge.get(rec.run_id)) for rec in records]
-
-
-def _first_edges(conn: Connection, child_ids: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    e = run_parents.c
-    for i in range(0, len(child_ids), _IN_CHUNK):
-        chunk = child_ids[i : i + _IN_CHUNK]
-        q = (
-            sa.select(e.child_id, e.parent_id)
-            .where(e.child_id.in_(chunk))
-            .order_by(e.child_id, e.seq, e.parent_id)
-        )
-        for row in conn.execute(q):
-            out.setdefault(row.child_id, row.parent_id)
-    return out
 
 
 def _observed(rec: RunRecord, parent: str | None) -> Observed:

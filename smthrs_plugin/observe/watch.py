@@ -32,7 +32,6 @@ consumers committing per-partition offsets; Kubernetes list-then-watch from a re
 from __future__ import annotations
 
 import heapq
-import json
 import threading
 import time
 import weakref
@@ -40,12 +39,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-
-from ..engine.journal import Journal, JournalEvent, Subscription
-from ..errors import ControlError, InvalidInput, StoreError
+from ..errors import ControlError, InvalidInput
+from ..records.journal import Journal, JournalEvent, Subscription, read_page
+from ..records.journal import high_water as _high_water
+from ..records.journal import partition_page as _partition_page
 from ..stores.database import Database
-from ..stores.schema import journal_events
 from ._cursor import check_text, decode_cursor, encode_cursor
 
 __all__ = [
@@ -389,32 +387,23 @@ class WatchStream:
         """Entries of ``partition`` with ``after < seq <= upto`` (no upper bound when None), in pages; records
         each as delivered just before yielding it."""
         while True:
-            rows = _read_page(self.db, partition, after, upto)
+            rows = read_page(self.db, partition, after, upto, PAGE_SIZE)
             for row in rows:
-                ev = self._event(partition, row)
+                ev = self._event(row)
                 after = ev.sequence
                 self._floors[partition] = after
                 yield ev
             if len(rows) < PAGE_SIZE:
                 return
 
-    def _event(self, partition: str, row: Any) -> ControlEvent:
-        seq = int(row.seq)
-        try:
-            payload = json.loads(row.payload_json)
-        except ValueError as exc:
-            # An ordered log cannot skip a record without reordering history for its reader.
-            raise StoreError(
-                "decode_failed",
-                f"journal record {partition!r}#{seq} does not decode as JSON; the store is corrupt there",
-                cause=exc,
-            ) from exc
+    def _event(self, entry: JournalEvent) -> ControlEvent:
+        partition, seq = entry.partition, entry.seq
         return ControlEvent(
             sequence=seq,
-            kind=row.type,
+            kind=entry.type,
             run_id=None if partition.startswith(_PLAN_PREFIX) else partition,
-            occurred_at=int(row.created_at_ms),
-            payload=payload,
+            occurred_at=entry.created_at_ms,
+            payload=entry.payload,
             cursor=event_cursor(self.source, partition, seq),
             partition=partition,
         )
@@ -430,53 +419,3 @@ def _weak_hint(stream: WatchStream) -> Callable[[JournalEvent], None]:
             s._on_commit(event)
 
     return hint
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Queries (each its own short read transaction: a live stream never holds a snapshot open)
-
-_J = journal_events.c
-
-
-def _high_water(db: Database, partition: str) -> int | None:
-    value = db.read(
-        lambda c: c.execute(sa.select(sa.func.max(_J.seq)).where(_J.partition == partition)).scalar()
-    )
-    return None if value is None else int(value)
-
-
-def _read_page(db: Database, partition: str, after: int, upto: int | None) -> list[Any]:
-    q = sa.select(_J.seq, _J.type, _J.payload_json, _J.created_at_ms).where(
-        _J.partition == partition, _J.seq > after
-    )
-    if upto is not None:
-        q = q.where(_J.seq <= upto)
-    q = q.order_by(_J.seq).limit(PAGE_SIZE)
-    return list(db.read(lambda c: c.execute(q).all()))
-
-
-# A loose index scan over the journal's primary key: each step is one seek ("the smallest partition after p"),
-# so discovering k partitions costs k seeks whatever the size of each partition. Portable SQLite/PostgreSQL.
-_LOOSE_SCAN = """
-    WITH RECURSIVE parts(p, n) AS (
-        SELECT (SELECT MIN("partition") FROM journal_events {first}), 1
-        UNION ALL
-        SELECT (SELECT MIN("partition") FROM journal_events WHERE "partition" > parts.p), parts.n + 1
-        FROM parts WHERE parts.p IS NOT NULL AND parts.n < :n
-    )
-    SELECT p, (SELECT MAX(seq) FROM journal_events WHERE "partition" = parts.p) AS mark
-    FROM parts WHERE p IS NOT NULL ORDER BY n
-"""
-_FIRST_PAGE = sa.text(_LOOSE_SCAN.format(first="")).bindparams(sa.bindparam("n", type_=sa.Integer))
-_NEXT_PAGE = sa.text(_LOOSE_SCAN.format(first='WHERE "partition" > :after')).bindparams(
-    sa.bindparam("after", type_=sa.Text), sa.bindparam("n", type_=sa.Integer)
-)
-
-
-def _partition_page(db: Database, after: str | None, n: int) -> list[tuple[str, int]]:
-    """Up to ``n`` partitions named after ``after`` (from the first when None), with their high-water marks."""
-    if after is None:
-        rows = db.read(lambda c: c.execute(_FIRST_PAGE, {"n": n}).all())
-    else:
-        rows = db.read(lambda c: c.execute(_NEXT_PAGE, {"after": after, "n": n}).all())
-    return [(str(r.p), int(r.mark)) for r in rows if r.mark is not None]

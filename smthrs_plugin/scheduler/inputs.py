@@ -1,4 +1,5 @@
-"""A run's input observations: source pins, the environment fingerprint, and stop-merge decisions.
+"""A run's input observations: source pins, the environment fingerprint, and stop-merge decisions (their rows
+are ``records.plans``'s, which holds their SQL; ``MergeStore`` lives there and is re-exported here).
 
 Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
 - **Source vs produced reads.** A read entry of node N is *produced* when a node earlier in plan order produces
@@ -25,11 +26,10 @@ Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
@@ -38,8 +38,9 @@ from ..errors import CanonicalError, SchedulerError
 from ..plan import ABSENT, Plan
 from ..plan._overlap import ProducerIndex
 from ..plan.fileset import PathEntry, entry_json
+from ..records import plans as plan_records
+from ..records.plans import MergeDecision, MergeStore
 from ..stores.database import Database
-from ..stores.plan_tables import plan_input_generations, plan_input_heads, plan_merges
 
 __all__ = [
     "normalize_environment",
@@ -159,14 +160,11 @@ class Pins:
 
     @staticmethod
     def to_json(files: Mapping[str, Sequence[tuple[str, str]]]) -> list[dict[str, Any]]:
-        return [{"entry": json.loads(k), "files": [list(f) for f in v]} for k, v in sorted(files.items())]
+        return plan_records.pins_to_json(files)
 
     @staticmethod
     def from_json(doc: Any) -> dict[str, tuple[tuple[str, str], ...]]:
-        out: dict[str, tuple[tuple[str, str], ...]] = {}
-        for item in doc:
-            out[canonical_bytes(item["entry"]).decode()] = tuple((str(p), str(d)) for p, d in item["files"])
-        return out
+        return plan_records.pins_from_json(doc)
 
 
 def unpinned_sources(reads: Mapping[str, ReadPlan], pins: Pins) -> list[PathEntry]:
@@ -205,33 +203,17 @@ class InputStore:
         return self.db.read(lambda c: self.load_in(c, run_id))
 
     def load_in(self, conn: Connection, run_id: str) -> InputHead | None:
-        h = plan_input_heads.c
-        row = conn.execute(sa.select(plan_input_heads).where(h.run_id == run_id)).first()
+        row = plan_records.input_head_in(conn, run_id)
         if row is None:
             return None
-        g = plan_input_generations.c
-        files: dict[str, tuple[tuple[str, str], ...]] = {}
-        for gen in conn.execute(
-            sa.select(g.generation, g.pins_json).where(g.run_id == run_id).order_by(g.generation)
-        ):
-            try:
-                files.update(Pins.from_json(json.loads(gen.pins_json)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SchedulerError(
-                    "store_failed",
-                    f"input generation {gen.generation} of run {run_id!r} does not decode; refusing to guess "
-                    "which inputs the run observed",
-                    cause=exc,
-                    run_id=run_id,
-                ) from exc
         return InputHead(
             run_id=row.run_id,
             plan_id=row.plan_id,
             base_digest=row.base_digest,
             digest=row.digest,
-            generation=int(row.generation),
+            generation=row.generation,
             environment_fingerprint=row.environment_fingerprint,
-            pins=Pins(files),
+            pins=Pins(row.files),
         )
 
     def create_in(
@@ -242,170 +224,18 @@ class InputStore:
         environment: Any,
         pins: Mapping[str, Sequence[tuple[str, str]]],
     ) -> None:
-        now = self.clock.now_ms()
-        conn.execute(
-            sa.insert(plan_input_heads).values(
-                run_id=run_id,
-                plan_id=plan.plan_id,
-                base_digest=plan.base_digest,
-                digest=plan.digest,
-                generation=plan.generation,
-                environment_fingerprint=environment_fingerprint(environment),
-                environment_json=None if environment is ABSENT else canonical_bytes(environment).decode(),
-                created_at_ms=now,
-                updated_at_ms=now,
-            )
+        plan_records.create_head_in(
+            conn,
+            run_id,
+            plan,
+            environment=environment,
+            environment_fingerprint=environment_fingerprint(environment),
+            pins=pins,
+            now_ms=self.clock.now_ms(),
         )
-        self._generation_in(conn, run_id, plan, pins, now)
 
     def advance_in(
         self, conn: Connection, run_id: str, plan: Plan, pins: Mapping[str, Sequence[tuple[str, str]]]
     ) -> None:
         """The run observed a newer generation of its plan: move the head and record its new source pins."""
-        now = self.clock.now_ms()
-        h = plan_input_heads.c
-        conn.execute(
-            sa.update(plan_input_heads)
-            .where(h.run_id == run_id)
-            .values(digest=plan.digest, generation=plan.generation, updated_at_ms=now)
-        )
-        self._generation_in(conn, run_id, plan, pins, now)
-
-    def _generation_in(
-        self,
-        conn: Connection,
-        run_id: str,
-        plan: Plan,
-        pins: Mapping[str, Sequence[tuple[str, str]]],
-        now: int,
-    ) -> None:
-        conn.execute(
-            sa.insert(plan_input_generations).values(
-                run_id=run_id,
-                generation=plan.generation,
-                plan_digest=plan.digest,
-                pins_json=canonical_bytes(Pins.to_json(pins)).decode(),
-                created_at_ms=now,
-            )
-        )
-
-
-# ------------------------------------------------------------------------------------------------ merges
-
-
-@dataclass(frozen=True)
-class MergeDecision:
-    """A durable stop-merge decision: ``node`` was stopped in favour of ``winners``. ``merge_node`` and the
-    digests are set once the merge generation was appended (``completed``)."""
-
-    run_id: str
-    node: str
-    plan_id: str
-    winners: tuple[str, ...]
-    paths: tuple[str, ...]
-    decided_digest: str
-    completed: bool
-    merge_node: str | None = None
-    generation: int | None = None
-    parent_digest: str | None = None
-    digest: str | None = None
-
-
-class MergeStore:
-    """Stop-merge decisions of one database."""
-
-    def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.db = db
-        self.clock = clock
-
-    def load_in(self, conn: Connection, run_id: str) -> list[MergeDecision]:
-        m = plan_merges.c
-        out: list[MergeDecision] = []
-        for r in conn.execute(
-            sa.select(plan_merges).where(m.run_id == run_id).order_by(m.decided_at_ms, m.node_id)
-        ):
-            try:
-                winners = tuple(json.loads(r.winners_json))
-                paths = tuple(json.loads(r.paths_json))
-            except ValueError as exc:
-                raise SchedulerError(
-                    "store_failed",
-                    f"merge decision of {r.node_id!r} in run {run_id!r} does not decode",
-                    cause=exc,
-                ) from exc
-            if r.state not in ("intent", "completed") or (
-                r.state == "completed"
-                and (r.merge_node_id is None or r.digest is None or r.generation is None)
-            ):
-                raise SchedulerError(
-                    "invalid_plan",
-                    f"merge decision of {r.node_id!r} in run {run_id!r} is inconsistent (state {r.state!r}); "
-                    "missing or inconsistent recovery data is not permission to invent an extension",
-                    run_id=run_id,
-                    node=r.node_id,
-                )
-            out.append(
-                MergeDecision(
-                    run_id=r.run_id,
-                    node=r.node_id,
-                    plan_id=r.plan_id,
-                    winners=winners,
-                    paths=paths,
-                    decided_digest=r.decided_digest,
-                    completed=r.state == "completed",
-                    merge_node=r.merge_node_id,
-                    generation=None if r.generation is None else int(r.generation),
-                    parent_digest=r.parent_digest,
-                    digest=r.digest,
-                )
-            )
-        return out
-
-    def load(self, run_id: str) -> list[MergeDecision]:
-        return self.db.read(lambda c: self.load_in(c, run_id))
-
-    def decide_in(
-        self,
-        conn: Connection,
-        run_id: str,
-        plan: Plan,
-        node: str,
-        winners: Iterable[str],
-        paths: Iterable[str],
-    ) -> None:
-        conn.execute(
-            sa.insert(plan_merges).values(
-                run_id=run_id,
-                node_id=node,
-                plan_id=plan.plan_id,
-                winners_json=canonical_bytes(list(winners)).decode(),
-                paths_json=canonical_bytes(list(paths)).decode(),
-                decided_digest=plan.digest,
-                state="intent",
-                decided_at_ms=self.clock.now_ms(),
-            )
-        )
-
-    def complete_in(
-        self, conn: Connection, run_id: str, node: str, merge_node: str, parent: Plan, grown: Plan
-    ) -> None:
-        m = plan_merges.c
-        done = conn.execute(
-            sa.update(plan_merges)
-            .where(m.run_id == run_id, m.node_id == node, m.state == "intent")
-            .values(
-                state="completed",
-                merge_node_id=merge_node,
-                generation=grown.generation,
-                parent_digest=parent.digest,
-                digest=grown.digest,
-                completed_at_ms=self.clock.now_ms(),
-            )
-        ).rowcount
-        if done != 1:
-            raise SchedulerError(
-                "invalid_plan",
-                f"the merge decision of {node!r} in run {run_id!r} is not an open intent; refusing to append",
-                run_id=run_id,
-                node=node,
-            )
+        plan_records.advance_head_in(conn, run_id, plan, pins, self.clock.now_ms())

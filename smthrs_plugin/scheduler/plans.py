@@ -1,4 +1,5 @@
-"""The plan store: persisted, content-addressed plan generations (``record`` / ``append``).
+"""The plan store: persisted, content-addressed plan generations (``record`` / ``append``); the rows are
+``records.plans``'s, this module holds the rules (verification, journaling).
 
 Invariants (seed "Drive a plan to completion")
 - Append-only and first writer wins: a generation is stored once under ``(plan_id, digest)`` with only the
@@ -16,33 +17,22 @@ Invariants (seed "Drive a plan to completion")
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import PlanError, SchedulerError
 from ..plan import Plan, PlanNode, plan_digest, verify_plan
+from ..records import plans as plan_records
+from ..records.plans import StoredGeneration
 from ..stores.database import Database
-from ..stores.plan_tables import plan_generations
 from .model import AlreadyRecorded, Recorded, RecordResult
 
 __all__ = ["PlanStore", "StoredGeneration", "generation_digests"]
 
 _PLAN_JOURNAL_TYPES = ("plan-recorded", "subgraph-appended")
-
-
-@dataclass(frozen=True)
-class StoredGeneration:
-    plan_id: str
-    digest: str
-    base_digest: str
-    parent_digest: str | None
-    generation: int
 
 
 def generation_digests(plan: Plan) -> list[str]:
@@ -59,18 +49,6 @@ def generation_digests(plan: Plan) -> list[str]:
     if not out:
         out.append(plan.digest)
     return out
-
-
-def _nodes_json(nodes: Sequence[PlanNode]) -> str:
-    # Plain (not RFC 8785) JSON on purpose: a priority beyond ±(2**53-1) is a legal exact int of the plan that
-    # canonical JSON cannot carry; Python's json round-trips it exactly. The row is data, not a key.
-    return json.dumps(
-        [n.model_dump(mode="json", by_alias=True) for n in nodes],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
 
 
 def _graph(nodes: Sequence[PlanNode]) -> list[dict[str, str]]:
@@ -97,18 +75,14 @@ class PlanStore:
                 continue
             nodes = [n for n in plan.nodes if n.generation == gen]
             parent = digests[gen - 1] if gen else None
-            conn.execute(
-                sa.insert(plan_generations).values(
-                    plan_id=plan.plan_id,
-                    digest=digest,
-                    base_digest=plan.base_digest,
-                    parent_digest=parent,
-                    generation=gen,
-                    flow=plan.flow,
-                    maximum_plan_nodes=plan.maximum_plan_nodes,
-                    nodes_json=_nodes_json(nodes),
-                    created_at_ms=self.clock.now_ms(),
-                )
+            plan_records.insert_generation_in(
+                conn,
+                plan,
+                digest=digest,
+                parent_digest=parent,
+                generation=gen,
+                nodes=nodes,
+                now_ms=self.clock.now_ms(),
             )
             prefix = [n for n in plan.nodes if n.generation <= gen]
             payload: dict[str, Any] = {
@@ -133,50 +107,16 @@ class PlanStore:
 
     # -- reads ---------------------------------------------------------------------------------------------
     def _stored(self, conn: Connection, plan_id: str, digests: Sequence[str]) -> set[str]:
-        g = plan_generations.c
-        rows = conn.execute(
-            sa.select(g.digest).where(g.plan_id == plan_id, g.digest.in_(list(digests)))
-        ).scalars()
-        return set(rows)
+        return plan_records.stored_digests_in(conn, plan_id, digests)
 
     def load_in(self, conn: Connection, plan_id: str, digest: str) -> Plan | None:
         """The stored plan whose newest generation has ``digest`` (``None`` when not stored), verified."""
-        g = plan_generations.c
-        chain: list[Any] = []
-        want: str | None = digest
-        while want is not None:
-            row = conn.execute(
-                sa.select(plan_generations).where(g.plan_id == plan_id, g.digest == want)
-            ).first()
-            if row is None:
-                if not chain:
-                    return None
-                raise SchedulerError(
-                    "invalid_plan",
-                    f"stored plan {plan_id!r}: generation {chain[-1].generation} names parent {want}, which is "
-                    "not stored; the plan store is inconsistent — restore it from a backup or start a new run",
-                    plan_id=plan_id,
-                )
-            chain.append(row)
-            want = row.parent_digest
-        chain.reverse()
+        chain = plan_records.generation_chain_in(conn, plan_id, digest)
+        if chain is None:
+            return None
         nodes: list[Any] = []
-        for expected_gen, row in enumerate(chain):
-            if row.generation != expected_gen:
-                raise SchedulerError(
-                    "invalid_plan",
-                    f"stored plan {plan_id!r}: generation {row.generation} sits at depth {expected_gen} of its "
-                    "parent chain; the plan store is inconsistent",
-                    plan_id=plan_id,
-                )
-            try:
-                nodes.extend(json.loads(row.nodes_json))
-            except ValueError as exc:
-                raise SchedulerError(
-                    "invalid_plan",
-                    f"stored plan {plan_id!r} generation {row.generation} does not decode",
-                    cause=exc,
-                ) from exc
+        for row in chain:
+            nodes.extend(row.nodes)
         top = chain[-1]
         doc = {
             "plan_id": plan_id,
@@ -202,18 +142,7 @@ class PlanStore:
 
     def generations(self, plan_id: str) -> list[StoredGeneration]:
         """Every stored generation of ``plan_id`` (all bases), by (base, generation)."""
-        g = plan_generations.c
-        rows = self.db.read(
-            lambda c: c.execute(
-                sa.select(g.plan_id, g.digest, g.base_digest, g.parent_digest, g.generation)
-                .where(g.plan_id == plan_id)
-                .order_by(g.base_digest, g.generation, g.digest)
-            ).all()
-        )
-        return [
-            StoredGeneration(r.plan_id, r.digest, r.base_digest, r.parent_digest, int(r.generation))
-            for r in rows
-        ]
+        return plan_records.generations(self.db, plan_id)
 
 
 def _verified(plan: Any) -> Plan:

@@ -14,9 +14,18 @@ from typer.testing import CliRunner
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.boundary import referenced_digests
+from smthrs_plugin.boundary.evidence import Evidence, Output, diff_identity
+from smthrs_plugin.cache.entry import CacheEntry, check_cacheable
+from smthrs_plugin.cache.local import LocalTier, row_key_of
 from smthrs_plugin.cache.maintenance import gc, verify
 from smthrs_plugin.cache.shared import SharedTier
+from smthrs_plugin.canonical import key
+from smthrs_plugin.engine.fence import OwnerId
+from smthrs_plugin.engine.ownership import Ownership
+from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.settings import load_settings
 from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import Database
 
 
 def test_gc_keeps_referenced_and_young_blobs_and_deletes_old_garbage(
@@ -66,6 +75,51 @@ def test_gc_collects_an_old_invalidated_row_and_then_its_blob(tmp_path: Path) ->
     report = gc(m.dispatcher.local, m.artifacts, SharedTier(shared), grace_s=0)
     assert len(report.deleted_rows) == 1 and report.deleted_blobs == (digest,)
     assert m.dispatcher.local.rows() == []
+
+
+def _run_local_entry(run_id: str) -> CacheEntry:
+    outs = (Output("out.txt", "a" * 64, 3, 0o644, None),)
+    ev = Evidence(outs, (), diff_identity(outs, ()), (), True, True, (), "hard")
+    cacheable = check_cacheable(run_id)
+    return CacheEntry.build(
+        key=key({"run": run_id}),
+        subject="s",
+        components={"inputs": {"0": run_id}},
+        evidence=ev,
+        value=run_id,
+        canonical_value=cacheable.canonical,  # type: ignore[union-attr]
+        admission={
+            "tier": "sealed",
+            "allReadsExact": False,
+            "readSetVerified": True,
+            "nondeterministic": False,
+        },
+        provenance={"run_id": run_id, "node_id": "n", "attempt": 1, "host": "h", "created_at_ms": 1},
+        scope="run-local",
+    )
+
+
+def test_gc_collects_run_local_rows_of_settled_or_unknown_runs_and_keeps_those_of_live_runs(
+    db: Database, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    runs = RunStore(db, clock=clock)
+    me = OwnerId("host-a", 1, "nonce-me")
+    for run_id in ("live", "settled", "settled-late"):
+        runs.create(run_id, "flow")
+    ownership = Ownership(db, owner=me, settings=load_settings(host_id="host-a"), clock=clock)
+    ownership.claim("settled")
+    ownership.claim("settled-late")
+    runs.finish("settled", me, "completed")
+    tier = LocalTier(db, clock=clock)
+    entries = {r: _run_local_entry(r) for r in ("live", "settled", "settled-late", "never-known")}
+    for entry in entries.values():
+        db.write(lambda c, e=entry: tier.record_in(c, e))
+    clock.advance(7200)
+    # Settled inside the grace period: its row waits for a later gc.
+    runs.finish("settled-late", me, "failed")
+    report = gc(tier, ArtifactStore((tmp_path / "cas").as_uri()), grace_s=3600, dry_run=True, clock=clock)
+    assert report.deleted_rows == tuple(sorted(row_key_of(entries[r]) for r in ("settled", "never-known")))
 
 
 def test_verify_reports_a_tampered_blob(tmp_path: Path, shared: ArtifactStore) -> None:
