@@ -2,8 +2,9 @@
 entry of the same subject.
 
 Invariants
-- Every entry records its key's ``components`` (what the caller computed the key from) and a ``subject`` (the
-  node or function identity). A miss builds a new entry; explaining it compares that entry's components with the
+- Every entry records its key's ``components`` (what the caller computed the key from, in the one shape
+  ``cache/requests.py`` builds for plan nodes and ``@step`` calls alike) and a ``subject`` (the node or function
+  identity). A miss builds a new entry; explaining it compares that entry's components with the
   nearest previous entry of the same subject whose key differs — Bazel's ``--explain``/``aquery`` diff, on
   recorded data instead of a re-run. Nothing is re-measured: the explanation is about what was keyed.
 - The diff is structural and total: every leaf that differs is reported once, as ``changed``/``added``/
@@ -11,7 +12,8 @@ Invariants
   edited file reads ``read src/a.txt: <old digest> → <new digest>``, not "list item 3 changed".
 - Categories name what a user edits: ``read`` (a declared input file), ``input`` (an argument / Ref value /
   literal), ``environment`` (a declared environment field), ``body`` (the step's body or source), ``effects``
-  (declared writes, removals, boundary mode), ``other`` (anything else the caller folded).
+  (declared writes, removals, boundary mode), ``other`` (anything else the caller folded — e.g. ``key.runId``, the
+  run a run-local key belongs to).
 """
 
 from __future__ import annotations

@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
 import hashlib
 import inspect
 import logging
@@ -292,12 +291,10 @@ def _dispatch(
         measurer=rt.dispatcher.measurer,
         environment=env,
         attempt=attempt,
-        consult_shared=spec.tier == "sealed",
-        publish_shared=spec.tier == "sealed",
+        subject=spec.identity,
     )
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
-    request = dataclasses.replace(request, subject=spec.identity)
 
     def execute(root: Path) -> Any:
         with waits_forbidden(f"the body of @step {spec.identity!r}"):

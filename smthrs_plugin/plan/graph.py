@@ -14,6 +14,11 @@ Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
   ``deferred`` only once all its dependencies *succeeded* (a failed cone creates skipped work, never deferral
   debt).
 - ``extend`` admits an appended generation without disturbing earlier positions or states.
+- ``discover`` adds reconciliation edges (a ``Reorder`` verdict): the started node goes back to waiting until
+  the named nodes settle, whatever their outcome, and then becomes ready to run again. Discovered edges change
+  ONLY readiness (seed: "declared predecessors still determine file versions"): they never block, skip or defer
+  a node, never enter ``PlanNode.depends_on``, read classification, keys or inputs, and are never persisted. An
+  edge that would close a cycle (the named node waits, declared or discovered, on this one) is refused.
 - The indexes are private, never persisted and never part of a key. Work counters (``work``) count index
   updates, settlements and frontier-snapshot items so tests can assert linear work without timing anything.
 """
@@ -92,6 +97,9 @@ class RuntimeGraph:
         "_staged",
         "_attempts",
         "_defer",
+        "_disc_dependents",
+        "_disc_unresolved",
+        "_disc_deps",
         "_ready",
         "_waiting",
         "_in_flight",
@@ -115,6 +123,10 @@ class RuntimeGraph:
         self._staged: dict[int, str] = {}
         self._attempts: list[int] = []
         self._defer: set[int] = set()
+        # Discovered (reconciliation) edges, kept apart from the declared ones: they gate readiness only.
+        self._disc_dependents: dict[int, list[int]] = {}
+        self._disc_unresolved: dict[int, int] = {}
+        self._disc_deps: dict[int, set[int]] = {}
         self._ready: set[int] = set()
         self._waiting: set[int] = set()
         self._in_flight: set[int] = set()
@@ -165,6 +177,10 @@ class RuntimeGraph:
 
     def attempts(self, node_id: str) -> int:
         return self._attempts[self._idx(node_id)]
+
+    def discovered(self, node_id: str) -> tuple[str, ...]:
+        """The nodes a ``Reorder`` verdict ordered ``node_id`` after (plan order); never its declared ones."""
+        return self._snapshot(self._disc_deps.get(self._idx(node_id), set()))
 
     def _snapshot(self, members: set[int]) -> tuple[str, ...]:
         self._w_snap += len(members)
@@ -272,12 +288,19 @@ class RuntimeGraph:
             j = queue[head]
             head += 1
             ok = outcome[j] in SUCCESS
+            if self._disc_dependents:
+                self._release_discovered(j, ready)
             deps_of_j = dependents[j]
             self._w_index += len(deps_of_j)
             for d in deps_of_j:
                 if ok:
                     unresolved[d] -= 1
-                    if unresolved[d] == 0 and blocked[d] == 0 and state[d] == _WAITING:
+                    if (
+                        unresolved[d] == 0
+                        and blocked[d] == 0
+                        and state[d] == _WAITING
+                        and not self._disc_unresolved.get(d)
+                    ):
                         if d in defer:
                             self._finish(d, "deferred")
                             settled.append(Settled(ids[d], "deferred"))
@@ -293,6 +316,81 @@ class RuntimeGraph:
                         self._finish(d, "skipped")
                         settled.append(Settled(ids[d], "skipped", ids[j]))
                         queue.append(d)
+
+    def discover(self, node_id: str, after: Iterable[str]) -> Propagation:
+        """Order a started (running or staged) node after the nodes ``after`` — a reconciliation edge. Its staged
+        outcome is dropped and it waits until every one of them has settled (any outcome), then it is ready to run
+        again (``ready`` names it at once when all of them already settled). Refused, with nothing changed, for an
+        unknown node, the node itself, or a node that waits on this one (a cycle)."""
+        i = self._idx(node_id)
+        if self._state[i] not in (_RUNNING, _STAGED):
+            raise self._refuse(i, "reorder")
+        preds = list(dict.fromkeys(self._idx(p) for p in after))
+        if i in preds:
+            raise GraphError(
+                "invalid_transition", f"node {node_id!r} cannot be ordered after itself", node=node_id
+            )
+        unsettled = [p for p in preds if self._outcome[p] is None]
+        closing = self._waits_on(set(unsettled), i)
+        if closing is not None:
+            raise GraphError(
+                "invalid_transition",
+                f"cannot order {node_id!r} after {self._ids[closing]!r}: {self._ids[closing]!r} waits on "
+                f"{node_id!r} (a cycle)",
+                node=node_id,
+                after=self._ids[closing],
+            )
+        self._in_flight.discard(i)
+        self._staged.pop(i, None)
+        self._disc_deps.setdefault(i, set()).update(preds)
+        for p in unsettled:
+            self._disc_dependents.setdefault(p, []).append(i)
+        self._w_index += len(preds)
+        if unsettled:
+            self._disc_unresolved[i] = self._disc_unresolved.get(i, 0) + len(unsettled)
+            self._state[i] = _WAITING
+            self._waiting.add(i)
+            return Propagation((), ())
+        self._state[i] = _READY
+        self._ready.add(i)
+        return Propagation((), (node_id,))
+
+    def _waits_on(self, targets: set[int], i: int) -> int | None:
+        """The first of ``targets`` reachable from ``i`` through unsettled dependents (declared or discovered), if
+        any. The visited set lives for this query only: no transitive closure is kept."""
+        if not targets:
+            return None
+        seen = {i}
+        queue = [i]
+        head = 0
+        while head < len(queue):
+            j = queue[head]
+            head += 1
+            for d in (*self._dependents[j], *self._disc_dependents.get(j, ())):
+                self._w_index += 1
+                if d in seen or self._outcome[d] is not None:
+                    continue
+                if d in targets:
+                    return d
+                seen.add(d)
+                queue.append(d)
+        return None
+
+    def _release_discovered(self, j: int, ready: list[str]) -> None:
+        # A discovered edge waits for settlement, not success: whatever ``j`` settled as, the reordered node may
+        # run again once nothing it was ordered after is unsettled.
+        for d in self._disc_dependents.pop(j, ()):
+            self._w_index += 1
+            left = self._disc_unresolved[d] - 1
+            if left:
+                self._disc_unresolved[d] = left
+                continue
+            del self._disc_unresolved[d]
+            if self._state[d] == _WAITING and self._unresolved[d] == 0 and self._blocked[d] == 0:
+                self._waiting.discard(d)
+                self._state[d] = _READY
+                self._ready.add(d)
+                ready.append(self._ids[d])
 
     def extend(self, nodes: Plan | Iterable[PlanNode], *, defer: Iterable[str] = ()) -> Propagation:
         """Add an appended generation (a :class:`Plan` whose prefix is this graph, or the new nodes alone, in

@@ -7,6 +7,7 @@ reads the YAML plan format.
 
 from __future__ import annotations
 
+from ._cancel import CancelToken
 from .host import Host, InlineHost, ThreadHost
 from .inputs import environment_fingerprint, normalize_environment
 from .job import JobOutcome, NodeJob
@@ -26,6 +27,7 @@ from .scheduler import Executor, PlanScheduler, RunLifecycle
 
 __all__ = [
     "AlreadyRecorded",
+    "CancelToken",
     "ConflictCase",
     "DefaultReconciler",
     "Deviation",

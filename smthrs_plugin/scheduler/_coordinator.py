@@ -11,14 +11,32 @@ Loop (every step is one durable transaction, so a crash loses at most the step i
    ``rebases < rebase_limit``; stop-merge: the loser settles ``skipped`` and its decision is durable) or
    reconciled (``Fail``).
 3. **Reconciliation page** — once nothing is running, every staged node's deviations are attributed
-   (``deviation-recorded``) before any is judged, then each staged node settles with its verdict.
+   (``deviation-recorded``) before any is judged, then each staged node settles with its verdicts (below).
 4. **Merge elaboration** — a stop-merge decision whose winners all settled appends ``<id>+merge`` (or the first
    free ``<id>+merge#n``) as a new plan generation, committed with its input generation, journal record and
    decision completion; the graph is extended synchronously.
 
-A typed scheduler failure stops admission, lets running jobs finish, marks attempts it began and never saw
-settle ``failed`` (cleanup failures are attached as ``cleanup_errors``, the original error stays primary) and
-propagates. A lost fence (``FenceLost``) propagates unchanged: another owner holds the run.
+What verdicts do (a deviation's, or an unabsorbed conflict's — the reconciler is injected, so any verdict can
+answer either):
+- any ``Fail`` → ``failed`` with its reason;
+- else any ``Reorder`` → a discovered readiness edge (``RuntimeGraph.discover``): the node runs again, afresh
+  (never replayed; ``node-invalidated`` reason ``reordered``), once every named node settled; its key, read set
+  and inputs still come from its declared predecessors only. A Reorder whose named nodes had all settled before
+  this attempt began is already honoured: the staged outcome stands (a conflict then fails). One that cannot be
+  honoured — an unknown node, the node itself, a node waiting on this one (a cycle), or irreversible work that
+  would have to run again — fails the node, saying why;
+- else (``FactorOut`` alone, "a record and a hint") → the staged outcome stands; a conflict has none → ``failed``.
+
+A typed scheduler failure (``SchedulerError``, including store and boundary failures mapped to one) stops
+admission and interrupts running siblings: it cancels the pass's :class:`~._cancel.CancelToken` (a ``run:``
+command's process group is killed), marks every attempt this owner still has ``started`` in the run ``failed``
+with its ``attempt-finished`` record in ONE fenced transaction (``AttemptStore.fail_started_in``; a terminal row
+or a lost fence is never overwritten), waits for the interrupted jobs to return and raises the typed error
+(cleanup failures are attached as ``cleanup_errors``; the original error stays primary). An external interrupt
+(Ctrl-C, a host's termination signal) also cancels the token — a command in its own session no longer hears the
+terminal — but otherwise keeps the old path, as do parking (``RunParked``), a lost fence (``FenceLost``, which
+propagates unchanged: another owner holds the run) and any other error: running jobs finish and settle
+themselves, then attempts this pass began and never saw settle are marked ``failed``.
 """
 
 from __future__ import annotations
@@ -28,10 +46,13 @@ from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
+from .._metrics import Observer
+from ..engine.context import RunParked
 from ..errors import (
     ArtifactError,
     BoundaryError,
     FenceLost,
+    GraphError,
     PlanError,
     ReplayError,
     SchedulerError,
@@ -42,7 +63,17 @@ from ._merge import MergeElaborator
 from ._session import Prep, RunSession
 from .job import JobOutcome, error_line, is_conflict
 from .model import Outcome, Report
-from .reconcile import ConflictCase, Deviation, ReconcileContext, deviations_of, judge_all
+from .reconcile import (
+    ConflictCase,
+    Deviation,
+    FactorOut,
+    Fail,
+    ReconcileContext,
+    Reorder,
+    Verdict,
+    deviations_of,
+    judge_all,
+)
 
 __all__ = ["Coordinator", "conflict_strategy", "map_error"]
 
@@ -120,6 +151,15 @@ class Coordinator:
         self.staged: list[str] = []
         self.devs: dict[str, tuple[Deviation, ...]] = {}
         self.merges = merges
+        # A pass-local order of events: when each node's current attempt began and when each node settled, so a
+        # Reorder verdict can tell whether the order it asks for already held.
+        self._tick = 0
+        self.began: dict[str, int] = {}
+        self.settled_at: dict[str, int] = {}
+        #: Nodes a Reorder verdict sent back to waiting: their next preparation executes afresh, never replays.
+        self.rerun: set[str] = set()
+        #: The ``scheduler dispatch duration`` timing of each dispatched node, admission through settlement.
+        self.timing: dict[str, Observer] = {}
 
     # ------------------------------------------------------------------------------------------------- run
     def run(self) -> Report:
@@ -152,16 +192,37 @@ class Coordinator:
             raise mapped from exc
 
     def _abort(self, exc: BaseException) -> BaseException:
-        # Running jobs cannot be interrupted (threads): let them finish so their attempts settle durably.
-        if self.running:
-            wait(list(self.running))
-            for fut, node_id in list(self.running.items()):
-                if fut.exception() is None:
-                    self.s.open_rows.pop(node_id, None)
-            self.running.clear()
-        cleanup = [] if isinstance(exc, FenceLost) else self.s.cleanup()
-        mapped = map_error(exc, cleanup)
-        return mapped
+        typed = isinstance(map_error(exc, []), SchedulerError)
+        external = not isinstance(exc, (Exception, RunParked))
+        if typed or external:
+            self.s.cancel.cancel(f"{type(exc).__name__}: {exc}")
+        try:
+            if typed:
+                # Mark first, then wait: the interrupted jobs' own settlements would each commit apart, and a
+                # job that settled first keeps its terminal row (the update re-checks ``started``).
+                cleanup = self.s.fail_running()
+                self._wait_running(keep_open=False)
+            else:
+                self._wait_running(keep_open=True)
+                cleanup = [] if isinstance(exc, FenceLost) else self.s.cleanup()
+        finally:
+            for node_id in list(self.timing):
+                self._untime(node_id, exc)
+        return map_error(exc, cleanup)
+
+    def _wait_running(self, *, keep_open: bool) -> None:
+        """Wait for every running job. ``keep_open``: a job that raised leaves its attempt for :meth:`cleanup`."""
+        if not self.running:
+            return
+        wait(list(self.running))
+        for fut, node_id in list(self.running.items()):
+            err = fut.exception()
+            if err is None or not keep_open:
+                self.s.open_rows.pop(node_id, None)
+            if err is not None and not keep_open:
+                # Expected after an interrupt: its settlement found the row already failed by fail_running.
+                log.debug("interrupted node %r ended with %r", node_id, err)
+        self.running.clear()
 
     # ----------------------------------------------------------------------------------------- admission
     def _pass(self) -> tuple[bool, bool]:
@@ -178,10 +239,13 @@ class Coordinator:
         batch = [(n, True) for n in redo] + [(n, False) for n in admitted]
         if not batch:
             return False, False
-        preps = [self.s.prepare(n, rebase=rebase) for n, rebase in batch]
+        for n, _ in batch:
+            self.began[n] = self._next_tick()
+        preps = [self._prepare(n, rebase) for n, rebase in batch]
         to_submit: list[Prep] = []
         for p in preps:
             if p.action == "dispatch":
+                self._time(p.node.id)
                 self.s.begin(p)
                 to_submit.append(p)
             elif p.action == "replay":
@@ -198,6 +262,31 @@ class Coordinator:
             self.running[self.s.submit(p)] = p.node.id
         return True, len(to_submit) < len(preps)
 
+    def _prepare(self, node_id: str, rebase: bool) -> Prep:
+        if node_id not in self.rerun:
+            return self.s.prepare(node_id, rebase=rebase)
+        # A reordered node executes afresh: its completed attempt ran before the order it was judged to need.
+        self.rerun.discard(node_id)
+        prep = self.s.prepare(node_id, rebase=True)
+        if prep.invalidated is not None:
+            prep.invalidated = (prep.invalidated[0], "reordered")
+        return prep
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def _time(self, node_id: str) -> None:
+        if node_id not in self.timing:  # a rebase turn stays inside the node's one timing
+            obs = self.s.cfg.metrics.observe_scheduler_dispatch()
+            obs.__enter__()
+            self.timing[node_id] = obs
+
+    def _untime(self, node_id: str, exc: BaseException | None = None) -> None:
+        obs = self.timing.pop(node_id, None)
+        if obs is not None:
+            obs.__exit__(None if exc is None else type(exc), exc, None)
+
     def _on_ready(self, node_id: str) -> None:
         if self.merges.is_stopped(node_id):
             # A durable stop-merge decision: the node settles skipped again, without a new record.
@@ -211,6 +300,8 @@ class Coordinator:
         """Record ``node_id``'s outcome and propagate it (the merge elaborator settles stop-merge losers here)."""
         self.s.record(node_id, outcome, journal=journal, error=error)
         prop = self.graph.settle(node_id, outcome)
+        self.settled_at[node_id] = self._next_tick()
+        self._untime(node_id)
         if node_id in self.admitted:
             self.admitted.discard(node_id)
             self.admission.release(node_id)
@@ -223,6 +314,7 @@ class Coordinator:
         """Record the settlements a propagation implied and queue the nodes it made ready."""
         for st in sorted(prop.settled[first:], key=lambda x: self.s.positions[x.node]):
             self.s.record(st.node, st.outcome, journal=True)
+            self.settled_at[st.node] = self._next_tick()
         for r in prop.ready:
             if self.graph.state(r) == "ready":
                 self._on_ready(r)
@@ -281,9 +373,10 @@ class Coordinator:
             reason = "rebase-limit"
         case = ConflictCase(node_id, paths, peers, strategy, reason)
         ctx = ReconcileContext(s.plan, tuple(s.deviations))
-        for v in judge_all(s.cfg.reconciler, [case], ctx):
+        verdicts = judge_all(s.cfg.reconciler, [case], ctx)
+        for v in verdicts:
             s.record_verdict(v)
-        self.settle(node_id, "failed", journal=True, error=error_line(error))
+        self._resolve(node_id, verdicts, None, error_line(error))
 
     # --------------------------------------------------------------------------------- reconciliation page
     def _judge_page(self) -> None:
@@ -300,10 +393,55 @@ class Coordinator:
                 s.record_verdict(v)
             staged = self.graph.staged(n)
             assert staged is not None
-            failed = [v for v in verdicts if v.tag == "Fail"]
-            if failed:
-                self.settle(n, "failed", journal=True, error=getattr(failed[0], "reason", None))
-            else:
-                self.settle(n, staged, journal=True)
+            self._resolve(n, verdicts, staged, None)
         s.flush()
         self.merges.maybe_elaborate(self)
+
+    def _resolve(
+        self, node_id: str, verdicts: list[Verdict], staged: Outcome | None, error: str | None
+    ) -> None:
+        """Settle (or reorder) a judged node by its verdicts (see the module docstring); ``staged`` is its
+        provisional outcome, ``None`` for a conflict, whose ``error`` is the copy-back refusal."""
+        fails = [v for v in verdicts if isinstance(v, Fail)]
+        if fails:
+            self.settle(node_id, "failed", journal=True, error=fails[0].reason)
+            return
+        after = tuple(dict.fromkeys(d for v in verdicts if isinstance(v, Reorder) for d in v.depends_on))
+        if after and not self._order_held(node_id, after):
+            refused = self._reorder(node_id, after)
+            if refused is None:
+                return
+            self.settle(node_id, "failed", journal=True, error=refused)
+        elif staged is not None:
+            self.settle(node_id, staged, journal=True)
+        else:
+            kinds = sorted({v.tag for v in verdicts if isinstance(v, (Reorder, FactorOut))})
+            why = f" ({', '.join(kinds)} cannot absorb it)" if kinds else ""
+            self.settle(node_id, "failed", journal=True, error=f"{error or 'materialization conflict'}{why}")
+
+    def _order_held(self, node_id: str, after: tuple[str, ...]) -> bool:
+        """Did every node of ``after`` settle before ``node_id``'s current attempt began?"""
+        began = self.began.get(node_id, 0)
+        return all(self.settled_at.get(d, began) < began for d in after)
+
+    def _reorder(self, node_id: str, after: tuple[str, ...]) -> str | None:
+        """Add the discovered readiness edges and send the node back to wait; the reason it cannot, if so."""
+        s = self.s
+        unknown = [d for d in after if d not in self.graph]
+        if unknown:
+            return f"Reorder after {unknown} cannot be honoured: no such node in plan {s.plan.plan_id!r}"
+        if s.plan.node(node_id).tier == "irreversible":
+            return (
+                f"Reorder after {list(after)} cannot be honoured: irreversible node {node_id!r} would run again, and "
+                "retries of irreversible work are refused; declare the dependency and start a new run"
+            )
+        try:
+            prop = self.graph.discover(node_id, after)
+        except GraphError as exc:
+            return f"Reorder cannot be honoured: {exc.message}"
+        self._untime(node_id)
+        self.admitted.discard(node_id)
+        self.admission.release(node_id)
+        self.rerun.add(node_id)
+        self.apply(prop)
+        return None

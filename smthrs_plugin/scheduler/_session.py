@@ -12,6 +12,9 @@ Invariants
   final ``node-settled`` commit in the dispatch seam's transaction (``job.py``).
 - Preparation reads source pins (never re-measured) and measures produced reads now; a measurement failure is
   ``SchedulerError(boundary_unavailable)`` with its cause, raised before an attempt or cache row exists.
+- :meth:`RunSession.fail_running` (after an interrupt) marks every attempt the owner still has ``started`` in
+  the run ``failed``, each with its ``attempt-finished``, in ONE fenced transaction; :meth:`RunSession.cleanup`
+  (any other abort) marks only this pass's unsettled attempts, after their jobs returned.
 - Sealed nodes are keyed by content (``plan.keys.dispatch_key``); compensable and irreversible nodes by the
   run-local key. A completed attempt of the same node under the same key in this run replays as ``clean``
   with no executor call. An irreversible node whose previous attempt did not complete is refused (``failed``),
@@ -33,16 +36,18 @@ from sqlalchemy.engine import Connection
 from .._metrics import MetricsPort
 from ..boundary import Declaration
 from ..cache.model import DispatchRequest
+from ..cache.requests import build_request
+from ..cache.requests import declaration_of as request_declaration
 from ..canonical import canonical_bytes
 from ..engine.attempts import AttemptRecord, AttemptStore
 from ..engine.fence import OwnerId, assert_owner
 from ..engine.journal import Journal
 from ..errors import ArtifactError, BoundaryError, SchedulerError
-from ..plan import Literal, Pending, Plan, PlanNode, dispatch_key, resolve_refs, run_local_key
-from ..plan.fileset import PathEntry
+from ..plan import Plan, PlanNode, resolve_refs
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
-from .inputs import Pins, ReadPlan, environment_fingerprint
+from ._cancel import CancelToken
+from .inputs import Pins, ReadPlan
 from .job import NodeJob, SettleSpec, error_line, settled_payload
 from .model import Outcome, Report, Settlement
 from .preimage import PreImage, capture_preimage, restore_preimage
@@ -91,7 +96,7 @@ class Prep:
     action: t.Literal["dispatch", "replay", "refuse"]
     inputs: tuple[Any, ...] = ()
     reads: tuple[tuple[str, str], ...] = ()
-    components: dict[str, Any] = field(default_factory=dict)
+    request: DispatchRequest | None = None
     invalidated: tuple[str, str] | None = None
     replayed: AttemptRecord | None = None
     error: str | None = None
@@ -126,7 +131,6 @@ class RunSession:
         self.reads: dict[str, ReadPlan] = dict(reads)
         self.declarations: dict[str, Declaration] = dict(declarations)
         self.positions: dict[str, int] = {n.id: n.position for n in plan.nodes}
-        self.env_fingerprint = environment_fingerprint(cfg.environment)
         self.results: dict[str, Any] = {}
         self.keys: dict[str, str] = {}
         self.attempts: dict[str, int] = {}
@@ -138,6 +142,8 @@ class RunSession:
         self.deviations: list[Deviation] = []
         self.memo: dict[tuple[str, tuple[str, ...]], str] = {}
         self.open_rows: dict[str, tuple[str, int]] = {}
+        #: Interrupts every execution of this pass (``NodeInput.cancel``); cancelled by the coordinator's abort.
+        self.cancel = CancelToken()
         self._pending: list[Write] = []
         self._metric_outcomes: list[Outcome] = []
         self.prior_by_node: dict[str, list[AttemptRecord]] = {}
@@ -242,16 +248,24 @@ class RunSession:
         draft = node.draft
         attempt = self.attempts[node_id] = self.attempts.get(node_id, 0) + 1
         refs = resolve_refs(draft, self.results)
-        reads = self._read_set(node)
         tier = draft.material.tier
-        # A timer node (``wait:``) is run-scoped whatever its tier: a content key would serve one run's elapsed
-        # timer to every later run of the plan (timer.py).
-        if tier == "sealed" and not is_timer(node):
-            key = dispatch_key(
-                draft, ref_values=refs, read_set=reads, environment=cfg.environment, memo=self.memo
-            )
-        else:
-            key = run_local_key(self.plan.plan_id, node_id, node.key, cfg.run_id)
+        # The one request builder picks the key kind (content, or run-local: non-sealed tiers and timer nodes)
+        # and records the explain components in the shape a @step's have (cache/requests.py).
+        request = build_request(
+            draft,
+            run_id=cfg.run_id,
+            workspace=cfg.workspace,
+            reads=self._read_set(node),
+            declaration=self.declarations[node_id],
+            ref_values=refs,
+            environment=cfg.environment,
+            plan_id=self.plan.plan_id,
+            node_key=node.key,
+            attempt=attempt,
+            memo=self.memo,
+            owner=cfg.owner,
+        )
+        key, reads = request.key, request.reads
         prior = self.prior_by_node.get(node_id, [])
         previous = self.keys.get(node_id)
         invalidated: tuple[str, str] | None = None
@@ -290,17 +304,7 @@ class RunSession:
             return prep
         if tier == "compensable":
             self._compensate(node, prior[-1] if unfinished else None, meta)
-        prep.components = {
-            "plan_key": node.key,
-            "tier": tier,
-            "inputs": [
-                {"index": i, "from": inp.from_}
-                for i, inp in enumerate(draft.material.inputs)
-                if not isinstance(inp, (Literal, Pending))
-            ],
-            "reads": [list(p) for p in reads],
-            "environment": self.env_fingerprint,
-        }
+        prep.request = request
         return prep
 
     def _gate(self, node: PlanNode) -> str | None:
@@ -391,7 +395,6 @@ class RunSession:
         cfg = self.cfg
         node = prep.node
         decl = self.declarations[node.id]
-        tier = node.tier
         spec = SettleSpec(
             run_id=cfg.run_id,
             owner=cfg.owner,
@@ -404,23 +407,10 @@ class RunSession:
             rebases=self.rebases.get(node.id, 0),
             meta=prep.meta,
         )
-        request = DispatchRequest(
-            run_id=cfg.run_id,
-            node_id=node.id,
-            attempt=prep.attempt,
-            key=prep.key,
-            components=prep.components,
-            tier=tier,
-            declaration=decl,
-            reads=prep.reads,
-            workspace=cfg.workspace,
-            sandbox="hermetic",
-            nondeterministic=bool(node.draft.material.nondeterministic),
-            consult_shared=tier == "sealed",
-            publish_shared=tier == "sealed",
-            owner=cfg.owner,
-            subject=f"{self.plan.plan_id}/{node.id}",
-        )
+        # The request ``prepare()`` built (cache.requests.build_request, the one builder): the key it recorded is
+        # the key this attempt dispatches under.
+        request = prep.request
+        assert request is not None, "submit() of a prep that prepare() did not build a request for"
         timer = is_timer(node)  # a durable clock, dispatched around the cache (timer.py)
         job = NodeJob(
             db=cfg.db,
@@ -431,6 +421,7 @@ class RunSession:
             node=node,
             inputs=prep.inputs,
             boundary=decl.mode,
+            cancel=self.cancel,
         )
         return t.cast("Future[Any]", cfg.host.submit(job))
 
@@ -445,6 +436,40 @@ class RunSession:
         return rec.result, devs
 
     # --------------------------------------------------------------------------------------------- cleanup
+    def fail_running(self) -> list[BaseException]:
+        """After an interrupt: mark every attempt this owner still has ``started`` in the run ``failed``, each with
+        its ``attempt-finished`` record, in ONE fenced transaction (a lost fence writes nothing). Returns the
+        failures (the caller's error stays primary)."""
+        cfg = self.cfg
+        self._pending = []
+        error = {
+            "type": "interrupted",
+            "message": "a typed scheduler failure interrupted this pass before the attempt settled",
+        }
+
+        def fn(conn: Connection) -> None:
+            for rec in cfg.attempts.fail_started_in(conn, cfg.run_id, cfg.owner, error=error):
+                meta = rec.meta if isinstance(rec.meta, dict) else {}
+                cfg.journal.append_in(
+                    conn,
+                    cfg.run_id,
+                    "attempt-finished",
+                    {
+                        "plan_id": meta.get("plan_id", self.plan.plan_id),
+                        "node_id": rec.node_id,
+                        "dispatch_key": rec.key,
+                        "attempt": rec.attempt,
+                        "outcome": "failed",
+                    },
+                )
+
+        try:
+            cfg.db.write(fn)
+        except BaseException as exc:  # reported as cleanup_errors; the original error stays primary
+            return [exc]
+        self.open_rows.clear()
+        return []
+
     def cleanup(self) -> list[BaseException]:
         """Mark attempts begun in this pass and never settled ``failed`` (with ``attempt-finished``), in one
         transaction. Returns the failures (the caller's error stays primary)."""
@@ -458,7 +483,7 @@ class RunSession:
         def fn(conn: Connection) -> None:
             assert_owner(conn, cfg.run_id, cfg.owner)
             for node_id, (key, row) in sorted(open_rows.items()):
-                state = _row_state(conn, cfg, key, row)
+                state = cfg.attempts.state_in(conn, cfg.run_id, key, row)
                 if state != "started":
                     continue  # its job settled it (or a terminal row: never overwritten)
                 cfg.attempts.fail(
@@ -516,23 +541,9 @@ class RunSession:
         return error_line(error)
 
 
-def _row_state(conn: Connection, cfg: SessionConfig, key: str, row: int) -> str | None:
-    import sqlalchemy as sa
-
-    from ..canonical import key_digest
-    from ..stores.schema import attempts
-
-    a = attempts.c
-    return conn.execute(
-        sa.select(a.state).where(a.run_id == cfg.run_id, a.key_digest == key_digest(key), a.attempt == row)
-    ).scalar()
-
-
 def declaration_of(node: PlanNode) -> Declaration:
     """The boundary declaration of a node (``PlanError`` for one the boundary cannot honour, e.g. a glob removal,
     or for a malformed ``wait:`` timer spec: refused with the other declarations, before anything is written)."""
     if is_timer(node):
         check_wait_spec(node.id, node.draft.wait)  # type: ignore[arg-type]
-    e = node.effects
-    removes: tuple[PathEntry, ...] = e.removes
-    return Declaration(reads=e.reads, writes=e.writes, removes=removes, mode=e.boundary_mode)  # type: ignore[arg-type]
+    return request_declaration(node.draft)

@@ -16,6 +16,9 @@ Invariants
   returned.
 - An executor's value must be plain JSON: anything else fails the node (typed ``CanonicalError``), never the
   run.
+- The executor receives the pass's cancellation token as ``NodeInput.cancel`` (``_cancel.py``): a typed scheduler
+  failure cancels it and marks the attempt ``failed`` first, so an interrupted job's own settlement finds a
+  terminal row and writes nothing (``AttemptStore`` refuses to settle an attempt twice).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ..engine.journal import Journal
 from ..errors import CanonicalError, MaterializationConflict, SmthrsError
 from ..plan import PlanNode
 from ..stores.database import Database
+from ._cancel import CancelToken
 from .model import NodeInput, Outcome
 
 __all__ = [
@@ -135,6 +139,8 @@ class NodeJob:
     node: PlanNode
     inputs: tuple[Any, ...]
     boundary: str
+    #: The pass's cancellation token, handed to the executor as ``NodeInput.cancel`` (pickles as a fresh token).
+    cancel: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -155,6 +161,7 @@ class NodeJob:
                 root=Path(root),
                 key=self.spec.key,
                 boundary=self.boundary,
+                cancel=self.cancel,
             )
         )
         try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..plan import PlanNode
+from ._cancel import NEVER_CANCELLED, CancelToken
 from .reconcile import Verdict, verdict_json
 
 __all__ = ["NodeInput", "Settlement", "Report", "Outcome", "Recorded", "AlreadyRecorded", "RecordResult"]
@@ -33,7 +34,10 @@ class NodeInput:
     """One node execution's input. ``inputs``: the projected value of every ``Ref`` input, in input order
     (``ABSENT`` where the projection found nothing), in its stored form (canonical JSON decoded: sorted object
     keys, lists for tuples) whether the upstream value was built now, replayed or served from the cache. ``key`` is the dispatch key; ``boundary`` the boundary mode
-    it was keyed under."""
+    it was keyed under. ``cancel`` is the pass's :class:`~._cancel.CancelToken`: a long-running executor polls
+    ``ni.cancel.cancelled``, blocks on ``ni.cancel.wait(...)`` or registers ``with ni.cancel.on_cancel(fn):`` so a
+    typed scheduler failure can interrupt it (an executor that ignores it still works; it is waited for). It is
+    not data: no key folds it."""
 
     node: PlanNode
     attempt: int
@@ -41,6 +45,7 @@ class NodeInput:
     root: Path
     key: str
     boundary: str
+    cancel: CancelToken = field(default=NEVER_CANCELLED, repr=False, compare=False)
 
     @property
     def id(self) -> str:

@@ -40,6 +40,10 @@ Invariants
   ``SMTHRS_INPUTS`` (JSON of the projected inputs) in the environment; a non-zero exit fails the node. The value is
   ``{"exit_code": 0, "stdout": ...}`` (stdout decoded as UTF-8, undecodable bytes replaced). The rest of the
   process environment is inherited and NOT part of the key: declare what matters in the scheduler environment.
+- A ``run`` command is its own process group (a new session), so an interrupted pass (``NodeInput.cancel``) — or
+  an interrupt of the thread waiting for it — kills the command with every process it started, never the shell
+  alone: a typed scheduler failure leaves no orphaned command writing into a sandbox nobody will read. The node
+  then fails with :class:`CommandInterrupted`.
 - ``approval:`` and ``wait:`` are kept as declared data (they enter the key). A node with ``approval:`` is gated
   by the scheduler before its attempt begins (``PlanScheduler(gate=...)``; the runtime wires the control plane's
   ``NodeGate``, which parks the run ``waiting-approval`` until the request is decided); a scheduler without a gate
@@ -52,6 +56,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,7 +72,14 @@ from ._session import declaration_of
 from .model import NodeInput
 from .timer import check_wait_spec
 
-__all__ = ["load_plan", "read_plan_file", "PlanFile", "PlanFileExecutor", "CommandFailed"]
+__all__ = [
+    "load_plan",
+    "read_plan_file",
+    "PlanFile",
+    "PlanFileExecutor",
+    "CommandFailed",
+    "CommandInterrupted",
+]
 
 #: Plan, flow and node ids in a plan file (they name cards, runs and journal entries; none needs more).
 MAX_ID_CHARS = 256
@@ -116,6 +128,13 @@ class CommandFailed(RuntimeError):
         self.exit_code = exit_code
 
 
+class CommandInterrupted(CommandFailed):
+    """A ``run`` command's process group was killed because its scheduler pass was interrupted."""
+
+    def __init__(self, node_id: str, exit_code: int, reason: str | None) -> None:
+        super().__init__(node_id, exit_code, f"killed: the scheduler pass was interrupted ({reason})")
+
+
 @dataclass(frozen=True)
 class PlanFileExecutor:
     """Runs plan-file nodes from their bodies (``run`` / ``call``). Stateless and picklable.
@@ -148,11 +167,40 @@ def _run_command(ni: NodeInput, cmd: str) -> dict[str, Any]:
         SMTHRS_ATTEMPT=str(ni.attempt),
         SMTHRS_INPUTS=json.dumps([None if v is None or not _present(v) else v for v in ni.inputs]),
     )
-    proc = subprocess.run(cmd, shell=True, cwd=ni.root, env=env, capture_output=True, check=False)
-    stdout = proc.stdout.decode("utf-8", errors="replace")
+    proc = subprocess.Popen(
+        cmd,
+        shell=True,
+        cwd=ni.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        with ni.cancel.on_cancel(lambda: _kill_group(proc)):
+            out, err = proc.communicate()
+    except BaseException:
+        # The waiting thread itself was interrupted (Ctrl-C reaches the thread, not a command in its own session).
+        _kill_group(proc)
+        proc.wait()
+        raise
+    if ni.cancel.cancelled and proc.returncode != 0:
+        raise CommandInterrupted(ni.node.id, proc.returncode, ni.cancel.reason)
     if proc.returncode != 0:
-        raise CommandFailed(ni.node.id, proc.returncode, proc.stderr.decode("utf-8", errors="replace"))
-    return {"exit_code": 0, "stdout": stdout}
+        raise CommandFailed(ni.node.id, proc.returncode, err.decode("utf-8", errors="replace"))
+    return {"exit_code": 0, "stdout": out.decode("utf-8", errors="replace")}
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the command's whole process group (the shell and everything it started)."""
+    killpg = getattr(os, "killpg", None)
+    try:
+        if killpg is not None:
+            killpg(proc.pid, signal.SIGKILL)
+        else:  # pragma: no cover - no process groups on this platform: the shell alone
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already (the command exited on its own)
 
 
 def _present(v: Any) -> bool:

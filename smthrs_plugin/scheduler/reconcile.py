@@ -18,10 +18,16 @@ Invariants
   them, and :class:`ReconcileContext` carries every deviation attributed in the run so far, so two steps that
   produced the same undeclared paths both see each other: deviating identically is a symmetric fact, and
   which of the pair the journal listed first must not decide the verdict.
-- What a verdict does to the node: ``Fail`` settles it ``failed``; ``Reorder`` and ``FactorOut`` keep its staged
-  outcome. Undeclared writes never reach the workspace (the sandbox copies back declared outputs only) and a
-  deviating result never enters the shared cache, so accepting the staged outcome is safe; the verdict is
-  journaled (``node-reconciled``) and reported.
+- What a verdict does to the node (enforced by the coordinator, ``_coordinator.py``), for a deviation and for an
+  unabsorbed conflict alike — a custom reconciler may answer either with any verdict: ``Fail`` settles it
+  ``failed``; ``Reorder`` adds a discovered readiness edge (``RuntimeGraph.discover``) and the node runs again,
+  afresh, once the named nodes settled — keyed, measured and fed by its declared predecessors only — unless they
+  had all settled before its attempt began (the order already held: the staged outcome stands, a conflict
+  fails), and it fails the node when it cannot be honoured (unknown node, itself, a cycle, irreversible work);
+  ``FactorOut`` keeps a staged outcome (a record and a hint) and cannot absorb a conflict (``failed``).
+  Undeclared writes never reach the workspace (the sandbox copies back declared outputs only) and a deviating
+  result never enters the shared cache, so accepting a staged outcome is safe; every verdict is journaled
+  (``node-reconciled``) and reported, a re-judged node's each time.
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ Invariants
   ``inputs.py``.
 - A node's own failure is an outcome (``failed``); its cone settles ``skipped``; siblings outside it keep
   running. ``SchedulerError`` is a refusal of the scheduler itself: ``invalid_plan``, ``boundary_unavailable``,
-  ``key_uncomputable``, ``elaboration_failed``, ``store_failed`` (with ``cleanup_errors``).
+  ``key_uncomputable``, ``elaboration_failed``, ``store_failed`` (with ``cleanup_errors``). One raised mid-run
+  interrupts the running siblings (``NodeInput.cancel``; a ``run:`` command's process group is killed) and marks
+  every attempt this owner still has ``started`` ``failed`` in one fenced transaction before it propagates.
+- Reconciliation verdicts are enforced, not only journaled: ``Fail`` fails the node, ``Reorder`` re-runs it after
+  the named nodes (a discovered readiness edge), ``FactorOut`` keeps its staged outcome (``_coordinator.py``).
 - Options are copied and validated at construction: caps must be positive ints (zero admits nothing),
   ``rebase_limit`` a non-negative int.
 """

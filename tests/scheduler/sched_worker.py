@@ -27,52 +27,54 @@ from smthrs_plugin.scheduler import NodeInput, ThreadHost  # noqa: E402
 RUN = "crash-run"
 
 
-def scenario_plan(name: str) -> sp.Plan:
+def scenario_plan(name: str) -> sp.plan.Plan:
     if name == "chain":
-        return sp.compile_plan(
+        return sp.plan.compile_plan(
             "chain",
             "f",
             [
-                sp.node("a", body={"n": 1}, writes=["a.txt"]),
-                sp.node(
+                sp.plan.node("a", body={"n": 1}, writes=["a.txt"]),
+                sp.plan.node(
                     "b",
                     body={"n": 2},
-                    inputs=[sp.Ref("a", path=["value"])],
+                    inputs=[sp.plan.Ref("a", path=["value"])],
                     reads=["a.txt"],
                     writes=["b.txt"],
                 ),
-                sp.node("c", body={"n": 3}, inputs=[sp.Ref("b")]),
-                sp.node("block", body={"n": 4}, inputs=[sp.Ref("c")]),
-                sp.node("d", body={"n": 5}, inputs=[sp.Ref("block", path=["value"])]),
+                sp.plan.node("c", body={"n": 3}, inputs=[sp.plan.Ref("b")]),
+                sp.plan.node("block", body={"n": 4}, inputs=[sp.plan.Ref("c")]),
+                sp.plan.node("d", body={"n": 5}, inputs=[sp.plan.Ref("block", path=["value"])]),
             ],
         )
     if name == "compensable":
-        return sp.compile_plan(
+        return sp.plan.compile_plan(
             "comp",
             "f",
             [
-                sp.node("comp", body=1, tier="compensable", writes=["state.txt"]),
-                sp.node("z", body=2, inputs=[sp.Ref("comp")]),
+                sp.plan.node("comp", body=1, tier="compensable", writes=["state.txt"]),
+                sp.plan.node("z", body=2, inputs=[sp.plan.Ref("comp")]),
             ],
         )
     if name == "irreversible":
-        return sp.compile_plan(
+        return sp.plan.compile_plan(
             "irr",
             "f",
             [
-                sp.node("deploy", body=1, tier="irreversible"),
-                sp.node("after", body=2, inputs=[sp.Ref("deploy")]),
-                sp.node("free", body=3),
+                sp.plan.node("deploy", body=1, tier="irreversible"),
+                sp.plan.node("after", body=2, inputs=[sp.plan.Ref("deploy")]),
+                sp.plan.node("free", body=3),
             ],
         )
     if name in ("merge", "merge-grown"):
-        return sp.compile_plan(
+        return sp.plan.compile_plan(
             "race",
             "f",
             [
-                sp.node("winner", body="w", writes=["shared.txt"], conflict="lane", runtime="stop-merge"),
-                sp.node("loser", body="l", writes=["shared.txt"], conflict="lane", runtime="stop-merge"),
-                sp.node("tail", body="t", inputs=[sp.Ref("loser")]),
+                sp.plan.node(
+                    "winner", body="w", writes=["shared.txt"], conflict="lane", runtime="stop-merge"
+                ),
+                sp.plan.node("loser", body="l", writes=["shared.txt"], conflict="lane", runtime="stop-merge"),
+                sp.plan.node("tail", body="t", inputs=[sp.plan.Ref("loser")]),
             ],
         )
     raise SystemExit(f"unknown scenario {name}")

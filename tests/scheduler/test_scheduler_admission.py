@@ -10,7 +10,7 @@ import pytest
 from sched_support import Env, make_env
 
 import smthrs_plugin as sp
-from smthrs_plugin.scheduler import NodeInput
+from smthrs_plugin.scheduler import NodeInput, ThreadHost
 
 _WAIT = 20.0  # a generous bound so a broken scheduler fails instead of hanging; never asserted on
 
@@ -21,14 +21,14 @@ def env(tmp_path: Path) -> Env:
 
 
 def test_gated_completions_admit_by_priority_and_an_agent_waits_for_the_agent_cap(env: Env) -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "gated",
         "f",
         [
-            sp.node("slow", body=1, kind="agent", priority=3),
-            sp.node("fast", body=2, priority=2),
-            sp.node("waiting-agent", body=3, kind="agent", priority=1),
-            sp.node("dependent", body=4, inputs=[sp.Ref("fast")]),
+            sp.plan.node("slow", body=1, kind="agent", priority=3),
+            sp.plan.node("fast", body=2, priority=2),
+            sp.plan.node("waiting-agent", body=3, kind="agent", priority=1),
+            sp.plan.node("dependent", body=4, inputs=[sp.plan.Ref("fast")]),
         ],
     )
     names = [n.id for n in plan.nodes]
@@ -50,7 +50,7 @@ def test_gated_completions_admit_by_priority_and_an_agent_waits_for_the_agent_ca
         finished[ni.id].set()
         return ni.id
 
-    sched = env.scheduler(concurrency={"steps": 2, "agents": 1}, host=sp.LocalHost(4))
+    sched = env.scheduler(concurrency={"steps": 2, "agents": 1}, host=ThreadHost(4))
     out: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: out.setdefault("report", sched.run(plan, executor)))
     runner.start()
@@ -76,16 +76,16 @@ def test_gated_completions_admit_by_priority_and_an_agent_waits_for_the_agent_ca
 
 
 def test_changing_an_upstream_body_reruns_only_what_its_projected_value_reaches(env: Env) -> None:
-    def plan(version: int) -> sp.Plan:
-        return sp.compile_plan(
+    def plan(version: int) -> sp.plan.Plan:
+        return sp.plan.compile_plan(
             "p",
             "f",
             [
-                sp.node("up", body={"version": version}),
-                sp.node("projected", body="p", inputs=[sp.Ref("up", path=["value"])]),
-                sp.node("whole", body="w", inputs=[sp.Ref("up")]),
-                sp.node("ordered", body="o", inputs=[sp.Pending("up")]),
-                sp.node("below", body="b", inputs=[sp.Ref("projected")]),
+                sp.plan.node("up", body={"version": version}),
+                sp.plan.node("projected", body="p", inputs=[sp.plan.Ref("up", path=["value"])]),
+                sp.plan.node("whole", body="w", inputs=[sp.plan.Ref("up")]),
+                sp.plan.node("ordered", body="o", inputs=[sp.plan.Pending("up")]),
+                sp.plan.node("below", body="b", inputs=[sp.plan.Ref("projected")]),
             ],
         )
 
@@ -119,13 +119,13 @@ def test_changing_an_upstream_body_reruns_only_what_its_projected_value_reaches(
 
 def test_priorities_beyond_the_json_safe_range_rank_exactly(env: Env) -> None:
     big = 2**80
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("low", body=1, priority=big),
-            sp.node("high", body=2, priority=big + 1),
-            sp.node("neg", body=3, priority=-big),
+            sp.plan.node("low", body=1, priority=big),
+            sp.plan.node("high", body=2, priority=big + 1),
+            sp.plan.node("neg", body=3, priority=-big),
         ],
     )
     order: list[str] = []

@@ -26,7 +26,7 @@ HUGE = 2**70
 
 
 @st.composite
-def plans(draw: Any) -> tuple[sp.Plan, frozenset[str], tuple[str, ...], dict[str, Any]]:
+def plans(draw: Any) -> tuple[sp.plan.Plan, frozenset[str], tuple[str, ...], dict[str, Any]]:
     shape = draw(st.sampled_from(["chain", "diamond", "wide", "random"]))
     n = draw(st.integers(1, 9))
     deps: list[list[int]] = []
@@ -46,13 +46,13 @@ def plans(draw: Any) -> tuple[sp.Plan, frozenset[str], tuple[str, ...], dict[str
         for d in deps[i]:
             kind = draw(st.sampled_from(["ref", "projected", "pending"]))
             if kind == "ref":
-                inputs.append(sp.Ref(f"n{d}"))
+                inputs.append(sp.plan.Ref(f"n{d}"))
             elif kind == "projected":
-                inputs.append(sp.Ref(f"n{d}", path=[draw(st.sampled_from(["id", "missing"]))]))
+                inputs.append(sp.plan.Ref(f"n{d}", path=[draw(st.sampled_from(["id", "missing"]))]))
             else:
-                inputs.append(sp.Pending(f"n{d}"))
+                inputs.append(sp.plan.Pending(f"n{d}"))
         drafts.append(
-            sp.node(
+            sp.plan.node(
                 f"n{i}",
                 body={"v": draw(st.integers(0, 2))},  # small bodies: equal keys (cache hits) happen
                 inputs=inputs,
@@ -60,7 +60,7 @@ def plans(draw: Any) -> tuple[sp.Plan, frozenset[str], tuple[str, ...], dict[str
                 priority=draw(priority),
             )
         )
-    plan = sp.compile_plan("gen", "f", drafts)
+    plan = sp.plan.compile_plan("gen", "f", drafts)
     ids = [nd.id for nd in plan.nodes]
     failing = frozenset(draw(st.sets(st.sampled_from(ids), max_size=max(1, n // 3))))
     sinks = [nd.id for nd in plan.nodes if not any(nd.id in m.depends_on for m in plan.nodes)]
@@ -76,14 +76,14 @@ def _executor(failing: frozenset[str], pass_no: int) -> Any:
     def run(ni: NodeInput) -> Any:
         if ni.id in failing and pass_no == 0:
             raise RuntimeError(f"{ni.id} fails")
-        return {"id": ni.id, "seen": [v if v is not sp.ABSENT else "absent" for v in ni.inputs]}
+        return {"id": ni.id, "seen": [v if v is not sp.plan.ABSENT else "absent" for v in ni.inputs]}
 
     return run
 
 
 def _observe(
     root: Path,
-    plan: sp.Plan,
+    plan: sp.plan.Plan,
     failing: frozenset[str],
     defer: tuple[str, ...],
     caps: dict[str, Any],

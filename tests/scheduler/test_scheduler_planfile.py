@@ -45,27 +45,27 @@ def _write(tmp: Path, text: str) -> Path:
 def test_a_plan_file_compiles_to_the_same_plan_as_its_python_declaration(tmp_path: Path) -> None:
     path = _write(tmp_path, GOOD)
     plan, executor = sp.load_plan(path)
-    expected = sp.compile_plan(
+    expected = sp.plan.compile_plan(
         "demo",
         "ci/demo",
         [
-            sp.node(
+            sp.plan.node(
                 "build",
                 body={"run": "mkdir -p out && cat src/a.txt > out/built.txt && printf built"},
                 reads=["src/a.txt"],
                 writes=["out/built.txt"],
                 priority=2,
             ),
-            sp.node(
+            sp.plan.node(
                 "check",
                 body={"run": "test -s out/built.txt && printf '%s' \"$SMTHRS_INPUTS\""},
                 reads=["out/built.txt"],
-                inputs=[sp.Ref("build", path=["stdout"])],
+                inputs=[sp.plan.Ref("build", path=["stdout"])],
             ),
-            sp.node(
+            sp.plan.node(
                 "report",
                 body={"call": "sched_calls:summarise", "with": {"indent": 1}},
-                inputs=[sp.Pending("check")],
+                inputs=[sp.plan.Pending("check")],
                 kind="agent",
                 tier="compensable",
             ),

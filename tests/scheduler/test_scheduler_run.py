@@ -15,7 +15,7 @@ import smthrs_plugin as sp
 from smthrs_plugin.boundary.measure import Measurer
 from smthrs_plugin.errors import GraphError, SchedulerError, SettingsError
 from smthrs_plugin.plan import ABSENT, dispatch_key
-from smthrs_plugin.scheduler import InlineHost, NodeInput
+from smthrs_plugin.scheduler import InlineHost, NodeInput, ThreadHost
 
 
 @pytest.fixture
@@ -30,16 +30,16 @@ def _value(ni: NodeInput) -> Any:
     return {"id": ni.id, "inputs": list(ni.inputs)}
 
 
-def _diamond() -> sp.Plan:
-    return sp.compile_plan(
+def _diamond() -> sp.plan.Plan:
+    return sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("a", body={"n": "a"}),
-            sp.node("b", body={"n": "b", "fail": True}, inputs=[sp.Ref("a", path=["id"])]),
-            sp.node("c", body={"n": "c"}, inputs=[sp.Ref("a", path=["id"])]),
-            sp.node("d", body={"n": "d"}, inputs=[sp.Ref("b"), sp.Ref("c")]),
-            sp.node("e", body={"n": "e"}, inputs=[sp.Pending("c")]),
+            sp.plan.node("a", body={"n": "a"}),
+            sp.plan.node("b", body={"n": "b", "fail": True}, inputs=[sp.plan.Ref("a", path=["id"])]),
+            sp.plan.node("c", body={"n": "c"}, inputs=[sp.plan.Ref("a", path=["id"])]),
+            sp.plan.node("d", body={"n": "d"}, inputs=[sp.plan.Ref("b"), sp.plan.Ref("c")]),
+            sp.plan.node("e", body={"n": "e"}, inputs=[sp.plan.Pending("c")]),
         ],
     )
 
@@ -137,10 +137,14 @@ def test_an_invalid_plan_is_refused_before_anything_is_written(env: Env) -> None
 
 
 def test_a_deferred_sink_never_dispatches_writes_no_cache_row_and_is_debt(env: Env) -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
-        [sp.node("a", body=1), sp.node("sink", body=2, inputs=[sp.Ref("a")]), sp.node("other", body=3)],
+        [
+            sp.plan.node("a", body=1),
+            sp.plan.node("sink", body=2, inputs=[sp.plan.Ref("a")]),
+            sp.plan.node("other", body=3),
+        ],
     )
     calls: list[str] = []
 
@@ -156,8 +160,10 @@ def test_a_deferred_sink_never_dispatches_writes_no_cache_row_and_is_debt(env: E
 
 
 def test_a_selected_sink_in_a_failed_cone_is_skipped_not_debt(env: Env) -> None:
-    plan = sp.compile_plan(
-        "p", "f", [sp.node("a", body={"fail": True}), sp.node("s", body=1, inputs=[sp.Ref("a")])]
+    plan = sp.plan.compile_plan(
+        "p",
+        "f",
+        [sp.plan.node("a", body={"fail": True}), sp.plan.node("s", body=1, inputs=[sp.plan.Ref("a")])],
     )
     report = env.scheduler().run(plan, _value, defer=["s"])
     assert report.outcomes == {"a": "failed", "s": "skipped"} and report.debt == ()
@@ -182,7 +188,7 @@ def test_invalid_options_are_refused_at_construction(env: Env) -> None:
 
 
 def test_a_value_that_is_not_plain_json_fails_the_node_not_the_run(env: Env) -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1), sp.node("b", body=2)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1), sp.plan.node("b", body=2)])
     report = env.scheduler().run(plan, lambda ni: {1, 2} if ni.id == "a" else "ok")
     assert report.outcomes == {"a": "failed", "b": "built"}
     assert "not plain JSON" in (report.settlement("a").error or "")
@@ -198,8 +204,8 @@ def test_reopening_with_another_environment_plan_or_base_is_refused_before_execu
         calls.append(ni.id)
         return 1
 
-    other_base = sp.compile_plan("p", "f", [sp.node("a", body={"n": "changed"})])
-    other_id = sp.compile_plan("q", "f", [sp.node("a", body={"n": "a"})])
+    other_base = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body={"n": "changed"})])
+    other_id = sp.plan.compile_plan("q", "f", [sp.plan.node("a", body={"n": "a"})])
     for sched, p in (
         (env.scheduler(environment={"python": "3.12"}), plan),
         (env.scheduler(), plan),  # omission is its own identity, not a wildcard
@@ -213,7 +219,7 @@ def test_reopening_with_another_environment_plan_or_base_is_refused_before_execu
 
 
 def test_equivalent_capability_sets_recover_but_layer_order_matters(env: Env) -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1)])
     env.scheduler(environment={"capabilities": {"net": ["b", "a"]}, "layers": ["x", "y"]}).run(plan, _value)
     ok = env.scheduler(environment={"capabilities": {"net": ["a", "b", "a"]}, "layers": ["x", "y"]}).run(
         plan, _value
@@ -229,7 +235,7 @@ def test_source_pins_are_restored_on_reopen_without_remeasuring_or_reexpanding_g
     (env.ws / "src").mkdir()
     (env.ws / "src" / "one.txt").write_text("1")
     (env.ws / "cfg.txt").write_text("v1")
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1, reads=["src/*.txt", "cfg.txt"])])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1, reads=["src/*.txt", "cfg.txt"])])
     hashed: list[str] = []
 
     def counting(f: Any) -> str:
@@ -255,7 +261,7 @@ def test_source_pins_are_restored_on_reopen_without_remeasuring_or_reexpanding_g
 
 def test_a_source_that_cannot_be_measured_is_boundary_unavailable_before_any_attempt(env: Env) -> None:
     os.mkfifo(env.ws / "fifo")
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1, reads=["fifo"])])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1, reads=["fifo"])])
     with pytest.raises(SchedulerError) as err:
         env.scheduler().run(plan, _value)
     assert err.value.code == "boundary_unavailable" and err.value.cause is not None
@@ -286,12 +292,12 @@ class _Sabotage:
 
 
 def test_a_produced_input_that_cannot_be_measured_is_boundary_unavailable_with_its_cause(env: Env) -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("w", body=1, writes=["out.txt"]),
-            sp.node("r", body=2, reads=["out.txt"]),
+            sp.plan.node("w", body=1, writes=["out.txt"]),
+            sp.plan.node("r", body=2, reads=["out.txt"]),
         ],
     )
 
@@ -312,7 +318,7 @@ def test_a_produced_input_that_cannot_be_measured_is_boundary_unavailable_with_i
 
 
 def test_a_scheduler_failure_marks_its_unsettled_attempts_failed(env: Env) -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1), sp.node("b", body=2)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1), sp.plan.node("b", body=2)])
     with pytest.raises(RuntimeError, match="lost this job"):
         env.scheduler(host=_Sabotage(env, lose="a")).run(plan, _value)
     rows = {r["node_id"]: r for r in env.attempt_rows()}
@@ -328,7 +334,7 @@ def test_record_and_append_persist_generations_and_journal_them(env: Env) -> Non
     first = sched.record(base)
     assert (type(first).__name__, first.generation) == ("Recorded", 0)
     assert type(sched.record(base)).__name__ == "AlreadyRecorded"
-    grown = sp.append_plan(base, [sp.node("f", body=1, inputs=[sp.Pending("e")])])
+    grown = sp.plan.append_plan(base, [sp.plan.node("f", body=1, inputs=[sp.plan.Pending("e")])])
     appended = sched.append(grown)
     assert (type(appended).__name__, appended.digest, appended.generation) == ("Recorded", grown.digest, 1)
     records = env.records("plan:p")
@@ -336,7 +342,9 @@ def test_record_and_append_persist_generations_and_journal_them(env: Env) -> Non
     assert records[0][1]["graph"] == {"nodes": [{"id": n.id, "tag": "step"} for n in base.nodes]}
     assert records[0][1]["nodes"] == 5 and records[1][1]["graph"] == {"nodes": [{"id": "f", "tag": "step"}]}
     assert sched.plans.load("p", grown.digest) == grown
-    orphan = sp.append_plan(sp.compile_plan("p2", "f", [sp.node("x", body=1)]), [sp.node("y", body=2)])
+    orphan = sp.plan.append_plan(
+        sp.plan.compile_plan("p2", "f", [sp.plan.node("x", body=1)]), [sp.plan.node("y", body=2)]
+    )
     with pytest.raises(SchedulerError) as err:
         sched.append(orphan)
     assert err.value.code == "invalid_plan"
@@ -344,13 +352,13 @@ def test_record_and_append_persist_generations_and_journal_them(env: Env) -> Non
 
 def test_a_thread_host_runs_independent_nodes_concurrently(env: Env) -> None:
     barrier = threading.Barrier(3, timeout=10)
-    plan = sp.compile_plan("p", "f", [sp.node(f"n{i}", body=i) for i in range(3)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node(f"n{i}", body=i) for i in range(3)])
 
     def executor(ni: NodeInput) -> Any:
         barrier.wait()  # all three must be running at once, or this times out
         return ni.id
 
-    sched = env.scheduler(host=sp.LocalHost(4))
+    sched = env.scheduler(host=ThreadHost(4))
     try:
         report = sched.run(plan, executor)
     finally:

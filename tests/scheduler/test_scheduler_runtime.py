@@ -13,14 +13,14 @@ from smthrs_plugin.errors import SchedulerError
 README_EXAMPLE = """
 import smthrs_plugin as sp
 
-plan = sp.compile_plan("p1", "ci/build", [
-    sp.node("fetch", body={"url": "https://example.org/v"}, writes=["data/v.txt"]),
-    sp.node("build", body={"cmd": "make"}, inputs=[sp.Ref("fetch", path=["version"])],
+plan = sp.plan.compile_plan("p1", "ci/build", [
+    sp.plan.node("fetch", body={"url": "https://example.org/v"}, writes=["data/v.txt"]),
+    sp.plan.node("build", body={"cmd": "make"}, inputs=[sp.plan.Ref("fetch", path=["version"])],
             reads=["data/v.txt"], writes=["dist/app.txt"], priority=1),
-    sp.node("lint", body={"cmd": "lint"}, inputs=[sp.Pending("fetch")], kind="agent"),
+    sp.plan.node("lint", body={"cmd": "lint"}, inputs=[sp.plan.Pending("fetch")], kind="agent"),
 ])
 
-def executor(ni):                   # ni: NodeInput(node, attempt, inputs, root, key, boundary)
+def executor(ni):                   # ni: NodeInput(node, attempt, inputs, root, key, boundary, cancel)
     if ni.id == "fetch":
         (ni.root / "data").mkdir()
         (ni.root / "data/v.txt").write_text("1.4.0")
@@ -67,7 +67,7 @@ def test_open_runtime_takes_settings_from_the_environment_and_explicit_arguments
 
 
 def test_the_runtime_driver_settles_the_run_and_refuses_a_settled_run_id(tmp_path: Path) -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1), sp.node("b", body={"fail": 1})])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1), sp.plan.node("b", body={"fail": 1})])
 
     def executor(ni: sp.NodeInput) -> object:
         if ni.id == "b":
@@ -75,7 +75,7 @@ def test_the_runtime_driver_settles_the_run_and_refuses_a_settled_run_id(tmp_pat
         return 1
 
     with sp.open_runtime(workspace=tmp_path) as rt:
-        rt.scheduler("ok").run(sp.compile_plan("p", "f", [sp.node("a", body=1)]), executor)
+        rt.scheduler("ok").run(sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1)]), executor)
         report = rt.scheduler("bad").run(plan, executor)
         runs = RunStore(rt.db)
         assert runs.get("ok").status == "completed"  # type: ignore[union-attr]
@@ -86,7 +86,7 @@ def test_the_runtime_driver_settles_the_run_and_refuses_a_settled_run_id(tmp_pat
 
 
 def test_a_refused_reopen_leaves_the_run_resumable(tmp_path: Path) -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body=1)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body=1)])
     with sp.open_runtime(workspace=tmp_path) as rt:
         sched = rt.scheduler("r", environment={"v": 1})
         calls: list[str] = []
