@@ -2,6 +2,13 @@
 and plan schedulers from settings (DESIGN.md §2, "runtime").
 
 Invariants
+- The one wiring point: nothing else in the package constructs a run driver (:meth:`Runtime.run_driver`,
+  :attr:`Runtime.driver`), the cache dispatch seam (:attr:`Runtime.dispatcher`, and :func:`process_dispatcher`
+  in a task-runner worker process), the control plane (:meth:`Runtime.control`) or the cache tiers
+  (:meth:`Runtime.cache_tiers`); the CLI, the hosts and ``smthrs serve`` take them from a runtime, so every one
+  of them shares its owner, journal, clock, liveness check, metrics and publisher trust
+  (``tests/test_runtime_wiring.py`` pins it). The dispatcher, the driver and the control plane are built on
+  first use, once per runtime; a command that never dispatches never measures the workspace.
 - Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults (SQLite at
   ``<workspace>/.smthrs/state.db``, artifacts under ``<workspace>/.smthrs/artifacts``). Bad settings are a typed
   ``SettingsError``/``StoreError``/``ArtifactError`` raised by ``open_runtime`` before anything else happens —
@@ -10,7 +17,9 @@ Invariants
 - One workspace, one measurer: the dispatcher and every scheduler share it (its stat cache is what keeps
   re-measurement cheap).
 - Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
-  by :meth:`Runtime.scheduler` drives its own run (:class:`LocalRunDriver`): it creates the run if needed, claims
+  by :meth:`Runtime.scheduler` drives its own run (a private pass lifecycle, not the registry-driven
+  :class:`~smthrs_plugin.engine.driver.RunDriver`: a pass runs on its caller's thread and answers with a
+  ``Report`` or a typed scheduler error, never a ``DriveOutcome``): it creates the run if needed, claims
   it (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
   ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it ``failed`` too). A pass interrupted by anything else, or
   refused for its input identity (``invalid_plan``), releases the run instead, so ``--run-id`` resumes it.
@@ -26,19 +35,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._metrics import NULL_METRICS, MetricsPort
+from .boundary.evidence import InlineLimits
+from .boundary.measure import Measurer
 from .cache.bounds import SizeCaps
 from .cache.dispatch import CacheDispatcher
-from .cache.signing import Trust, trust_from_settings
+from .cache.local import LocalTier
+from .cache.model import SandboxMode
+from .cache.shared import SharedTier
+from .cache.signing import Trust, shared_trust_warning, trust_from_settings
 from .codecs import CodecRegistry
 from .control.approvals import NodeGate
 from .control.control import Control
 from .engine.active_run import ActiveRun
 from .engine.context import RunCancelled, RunParked, RunReleased
+from .engine.driver import RunDriver
 from .engine.fence import OwnerId, current_owner
 from .engine.flow_waits import HostWaker, set_default_host_waker
 from .engine.journal import Journal
@@ -56,16 +72,32 @@ from .settings import Settings, load_settings
 from .stores.artifacts import ArtifactStore
 from .stores.database import Database, open_database
 
-__all__ = ["open_runtime", "Runtime", "LocalRunDriver", "process_codecs"]
+__all__ = ["open_runtime", "Runtime", "CacheTiers", "process_codecs", "process_dispatcher"]
 
 
-class LocalRunDriver:
-    """A minimal run driver for one process: create → claim → heartbeat → settle (see the module docstring)."""
+@dataclass(frozen=True)
+class CacheTiers:
+    """The cache's stores as ``smthrs cache`` maintains them: the local tier (this database's index), the local
+    artifact store, the shared tier, this machine's host id, and what to say loudly about the shared tier's trust
+    (None when nothing)."""
 
-    def __init__(self, runs: RunStore, ownership: Ownership) -> None:
+    local: LocalTier
+    artifacts: ArtifactStore
+    shared: SharedTier
+    host_id: str
+    warning: str | None = None
+
+
+class _PassLifecycle:
+    """The lifecycle of a scheduler pass that drives its own run: create → claim → heartbeat → settle (see the
+    module docstring). Kept apart from ``RunDriver``: a pass is entered and exited by a scheduler on its caller's
+    thread and refuses a settled or held run with a typed error, where a driver runs registered flow code and
+    answers with a ``DriveOutcome``."""
+
+    def __init__(self, runs: RunStore, ownership: Ownership, waits: WaitStore) -> None:
         self.runs = runs
         self.ownership = ownership
-        self.waits = WaitStore(runs.db, journal=runs.journal, runs_store=runs, clock=runs.clock)
+        self.waits = waits
         # Durable waits (engine/active_run.py): heartbeat + cancellation poll, and the run context a timer node
         # (or sp.sleep in a node) reads, current on the pass's thread between enter and exit.
         self._active: dict[str, tuple[ActiveRun, ExitStack]] = {}
@@ -151,25 +183,100 @@ class Runtime:
         self.ownership = Ownership(
             db, owner=owner, journal=self.journal, liveness=liveness, settings=settings, clock=clock
         )
+        self.waits = WaitStore(db, journal=self.journal, runs_store=self.runs, clock=clock)
         # Value codecs (issue 20): built-ins + every plugin's `smthrs_value_codecs`; results are stored through them.
         self.codecs: CodecRegistry = self.plugins.codecs(settings)
-        self.dispatcher = CacheDispatcher(
-            db,
-            artifacts,
-            self.workspace,
-            journal=self.journal,
-            metrics=metrics,
-            clock=clock,
-            host_id=owner.host_id,
-            # Publisher trust and size caps (issue 13) from SMTHRS_CACHE_* settings; see cache/signing.py.
-            trust=trust if trust is not None else trust_from_settings(settings, self.workspace),
-            size_caps=SizeCaps.from_settings(settings),
-            revocation_refresh_s=settings.cache_revocation_refresh_s,
-            codecs=self.codecs,
-        )
-        self.measurer = self.dispatcher.measurer
-        self.driver = LocalRunDriver(self.runs, self.ownership)
+        # Publisher trust (issue 13) from SMTHRS_CACHE_* settings (cache/signing.py): decided at open, so a bad key
+        # is refused before anything runs, and shared by the dispatcher and the cache tiers.
+        self.trust: Trust = trust if trust is not None else trust_from_settings(settings, self.workspace)
+        self._lifecycle = _PassLifecycle(self.runs, self.ownership, self.waits)
         self._schedulers: list[PlanScheduler] = []
+        self._lock = threading.RLock()
+        self._measurer: Measurer | None = None
+        self._dispatcher: CacheDispatcher | None = None
+        self._driver: RunDriver | None = None
+        self._control: Control | None = None
+
+    @property
+    def measurer(self) -> Measurer:
+        """The workspace's one measurer, shared by the dispatcher and every scheduler (its stat cache is what keeps
+        re-measurement cheap), built on first use."""
+        with self._lock:
+            if self._measurer is None:
+                self._measurer = Measurer(self.workspace.resolve())
+            return self._measurer
+
+    @property
+    def dispatcher(self) -> CacheDispatcher:
+        """The cache dispatch seam over this runtime's workspace, database and artifact store (every node and
+        every ``@step`` goes through it), built on first use."""
+        with self._lock:
+            if self._dispatcher is None:
+                self._dispatcher = CacheDispatcher(
+                    self.db,
+                    self.artifacts,
+                    self.workspace,
+                    measurer=self.measurer,
+                    journal=self.journal,
+                    metrics=self.metrics,
+                    clock=self.clock,
+                    host_id=self.owner.host_id,
+                    trust=self.trust,
+                    size_caps=SizeCaps.from_settings(self.settings),
+                    revocation_refresh_s=self.settings.cache_revocation_refresh_s,
+                    codecs=self.codecs,
+                )
+            return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, seam: CacheDispatcher) -> None:
+        """Put a wrapper of the seam in its place (one that times or records dispatches, as the benchmarks do):
+        schedulers made afterwards dispatch through it."""
+        with self._lock:
+            self._dispatcher = seam
+
+    @property
+    def driver(self) -> RunDriver:
+        """This runtime's run driver (``engine.driver.RunDriver``, settings' wait budget, 8 runs at once), built
+        on first use: register flows on it, then ``drive`` one run or ``start`` its sweeps (the caller stops it)."""
+        with self._lock:
+            if self._driver is None:
+                self._driver = self._new_driver(None, 8)
+            return self._driver
+
+    def run_driver(self, *, wait_budget_s: float | None = None, max_runs: int = 8) -> RunDriver:
+        """A NEW run driver wired like :attr:`driver` (this runtime's database, owner, journal, waits, clock,
+        liveness check and metrics), with its own flow registry, wait budget (None: ``SMTHRS_WAIT_BUDGET_S``) and
+        cap on runs driven at once: for a caller whose registration is its own (``sp.durable_run`` binds a run's
+        parameters into the flow it registers; ``smthrs worker --budget/--max-runs``)."""
+        return self._new_driver(wait_budget_s, max_runs)
+
+    def _new_driver(self, wait_budget_s: float | None, max_runs: int) -> RunDriver:
+        return RunDriver(
+            self.db,
+            settings=self.settings,
+            owner=self.owner,
+            clock=self.clock,
+            liveness=self.ownership.liveness,
+            journal=self.journal,
+            waits=self.waits,
+            wait_budget_s=wait_budget_s,
+            max_runs=max_runs,
+            metrics=self.metrics,
+        )
+
+    def cache_tiers(self, shared: str | None = None, *, trusted: bool = False) -> CacheTiers:
+        """The cache tiers for maintenance (``smthrs cache``): the local tier over this database, this runtime's
+        artifact store, and the shared tier on ``shared`` (a URL, opened with the artifact store's options; None:
+        the artifact store). ``trusted``: the shared tier judges entries with this runtime's publisher trust, as
+        the dispatcher does (and ``warning`` says when a remote tier is read with the workspace's own key only);
+        otherwise it judges nothing (listing, gc and revocation see every entry)."""
+        shared_store = ArtifactStore(shared, self.artifacts.storage_options) if shared else self.artifacts
+        trust = self.trust if trusted else None
+        warning = None if trust is None else shared_trust_warning(trust, shared_store.url, self.workspace)
+        return CacheTiers(
+            LocalTier(self.db), self.artifacts, SharedTier(shared_store, trust), self.owner.host_id, warning
+        )
 
     def scheduler(
         self,
@@ -198,7 +305,7 @@ class Runtime:
             reconciler=reconciler,
             environment=environment,
             concurrency=concurrency,
-            lifecycle=self.driver,
+            lifecycle=self._lifecycle,
         )
         if opts.host_owned and opts.host is not None:
             self._plugin_hosts.append(opts.host)
@@ -228,26 +335,30 @@ class Runtime:
         return sched
 
     def control(self) -> Control:
-        """The control plane over this runtime's database (plan cards, approvals, receipts; ``control/``), wired
+        """The control plane over this runtime's database (plan cards, approvals, receipts; ``control/``), built on
+        first use and then shared (it serves concurrent callers: ``smthrs serve``'s request threads), wired
         here: this process's owner (the one the schedulers claim with, so an admitted run is launched by its
         admitter), the plugins' approval authority (default: only ``local/operator``) and liveness check, and their
         run waker (told after a decision, signal or cancellation commits: a parked Prefect deployment flow run is
         resumed through the Prefect API)."""
-        return Control(
-            self.db,
-            owner=self.owner,
-            authority=self.plugins.approval_authority(self.settings),
-            liveness=self.ownership.liveness,
-            settings=self.settings,
-            journal=self.journal,
-            clock=self.clock,
-            waker=self.plugins.host_waker(self.settings),
-            on_decided=(
-                self.plugins.notify_approval_decided
-                if self.plugins.has_observers("smthrs_approval_decided")
-                else None
-            ),
-        )
+        with self._lock:
+            if self._control is None:
+                self._control = Control(
+                    self.db,
+                    owner=self.owner,
+                    authority=self.plugins.approval_authority(self.settings),
+                    liveness=self.ownership.liveness,
+                    settings=self.settings,
+                    journal=self.journal,
+                    clock=self.clock,
+                    waker=self.plugins.host_waker(self.settings),
+                    on_decided=(
+                        self.plugins.notify_approval_decided
+                        if self.plugins.has_observers("smthrs_approval_decided")
+                        else None
+                    ),
+                )
+            return self._control
 
     @property
     def actions(self) -> Mapping[str, Any]:
@@ -262,7 +373,10 @@ class Runtime:
         hosts, self._plugin_hosts = self._plugin_hosts, []
         for h in hosts:
             h.close()
-        self.measurer.close()
+        with self._lock:
+            measurer = self._measurer
+        if measurer is not None:
+            measurer.close()
 
     def __enter__(self) -> Runtime:
         return self
@@ -281,6 +395,33 @@ def _process_host_waker() -> HostWaker | None:
 
 
 set_default_host_waker(_process_host_waker)
+
+
+def process_dispatcher(
+    db: Database,
+    artifacts: ArtifactStore,
+    workspace: str | Path,
+    *,
+    shared: ArtifactStore,
+    host_id: str,
+    sandbox_mode: SandboxMode,
+    limits: InlineLimits,
+    temp_dir: str | None,
+) -> CacheDispatcher:
+    """The cache dispatch seam of a task-runner worker process (a Prefect process pool, Dask), rebuilt from what
+    crossed the process boundary (``hosts/_worker.py`` keeps one per process and description). It has no
+    runtime: trust, size caps and codecs come from this process's ``SMTHRS_*`` settings, and it counts nothing
+    (the coordinator's process owns the metrics)."""
+    return CacheDispatcher(
+        db,
+        artifacts,
+        Path(workspace),
+        shared=shared,
+        host_id=host_id,
+        sandbox_mode=sandbox_mode,
+        limits=limits,
+        temp_dir=temp_dir,
+    )
 
 
 _PROCESS_CODECS: dict[int, tuple[Plugins, CodecRegistry]] = {}

@@ -1,8 +1,10 @@
 """``smthrs cache ls | explain NODE_OR_KEY | verify [--with-shared] | gc | keygen DIR | revoke KEY_OR_NODE`` — the
 content-addressed cache from the command line.
 
-Invariant: each command opens the stores named by its options (defaults from ``SMTHRS_*`` settings), calls one
-library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON object (``--json``). Exit codes
+Invariant: each command opens a runtime over the stores named by its options (defaults from ``SMTHRS_*``
+settings) and takes the cache tiers from it (``Runtime.cache_tiers``: the composition root is the one place that
+assembles them), calls one library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON
+object (``--json``). Exit codes
 (:mod:`._common`): 0 done, 1 ``verify`` found a problem, 2 a refused input (any typed ``SmthrsError``). The cache
 modules (SQLAlchemy, fsspec) are imported inside the commands so ``smthrs --help`` stays cheap.
 """
@@ -11,24 +13,20 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import SmthrsError
-from ..settings import load_settings
 from ._common import DbOption, JsonOption, WorkspaceOption
 from ._common import done as _done
 from ._common import refuse as _refuse
 from ._exits import EXIT_FAILED
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..cache.local import LocalTier
     from ..cache.maintenance import VerifyReport
-    from ..cache.shared import SharedTier
-    from ..stores.artifacts import ArtifactStore
+    from ..runtime import CacheTiers, Runtime
 
 __all__ = ["cache_app", "register"]
 
@@ -58,45 +56,12 @@ SharedOption = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class _Stores:
-    local: LocalTier
-    artifacts: ArtifactStore
-    shared: SharedTier
-    host_id: str = ""
-    warning: str | None = None
+def _runtime(db: str | None, workspace: Path | None, artifacts: str | None = None) -> Runtime:
+    """The runtime over the stores the options name (SMTHRS_ARTIFACTS_BLOCK too: the artifact location may come
+    from a Prefect block); its ``cache_tiers(shared, trusted=...)`` are what every command works on."""
+    from ..runtime import open_runtime
 
-
-def _open(
-    db: str | None,
-    artifacts: str | None,
-    shared: str | None,
-    workspace: Path | None,
-    *,
-    trusted: bool = False,
-) -> _Stores:
-    """The stores the options name. ``trusted``: the shared tier judges entries with this machine's publisher
-    trust (``SMTHRS_CACHE_*``; the default workspace key is created if absent), as a dispatcher would."""
-    from ..cache.local import LocalTier
-    from ..cache.shared import SharedTier
-    from ..cache.signing import shared_trust_warning, trust_from_settings
-    from ..stores.artifacts import ArtifactStore
-    from ..stores.database import open_database
-
-    s = load_settings(workspace=workspace, db_url=db, artifacts_url=artifacts)
-    # SMTHRS_ARTIFACTS_BLOCK too: the location (URL + options) may come from a Prefect block (settings/_blocks).
-    location = s.artifacts_location()
-    store = ArtifactStore(location.url, location.options)
-    shared_store = ArtifactStore(shared, location.options) if shared else store
-    trust = trust_from_settings(s, s.workspace) if trusted else None
-    warning = None if trust is None else shared_trust_warning(trust, shared_store.url, s.workspace)
-    return _Stores(
-        LocalTier(open_database(s.resolved_db_url)),
-        store,
-        SharedTier(shared_store, trust),
-        s.host_id,
-        warning,
-    )
+    return open_runtime(workspace=workspace, db=db, artifacts=artifacts)
 
 
 def _when(ms: int | None) -> str:
@@ -120,8 +85,9 @@ def ls(
     from ..cache.maintenance import list_entries
 
     try:
-        st = _open(db, artifacts, shared, workspace)
-        entries = list_entries(st.local, st.shared if with_shared else None)
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            entries = list_entries(st.local, st.shared if with_shared else None)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     lines = []
@@ -145,12 +111,10 @@ def explain(
 ) -> None:
     """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node."""
     from ..cache.explain import explain as explain_entry
-    from ..cache.local import LocalTier
-    from ..stores.database import open_database
 
     try:
-        s = load_settings(workspace=workspace, db_url=db)
-        explained = explain_entry(LocalTier(open_database(s.resolved_db_url)), node_or_key)
+        with _runtime(db, workspace) as rt:
+            explained = explain_entry(rt.cache_tiers().local, node_or_key)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     _done(as_json, explained.to_json(), "\n".join(explained.lines()))
@@ -175,8 +139,10 @@ def verify(
     """Re-hash every blob a servable entry references; list refused shared entries with --with-shared; exit 1 on
     a problem."""
     try:
-        st = _open(db, artifacts, shared, workspace, trusted=with_shared)
-        report = _verify_with_progress(st, with_shared, show=not as_json and sys.stderr.isatty())
+        # --with-shared: the shared tier judges entries with this machine's publisher trust, as a dispatcher would.
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared, trusted=with_shared)
+            report = _verify_with_progress(st, with_shared, show=not as_json and sys.stderr.isatty())
     except SmthrsError as exc:
         _refuse(as_json, exc)
     lines = [
@@ -198,7 +164,7 @@ def verify(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _verify_with_progress(st: _Stores, with_shared: bool, *, show: bool) -> VerifyReport:
+def _verify_with_progress(st: CacheTiers, with_shared: bool, *, show: bool) -> VerifyReport:
     from ..cache.maintenance import verify as verify_cache
 
     shared = st.shared if with_shared else None
@@ -233,8 +199,9 @@ def gc(
     from ..cache.maintenance import gc as gc_cache
 
     try:
-        st = _open(db, artifacts, shared, workspace)
-        report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace, dry_run=dry_run)
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace, dry_run=dry_run)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     verb = "would delete" if dry_run else "deleted"
@@ -283,8 +250,9 @@ def revoke(
     from ..cache.maintenance import revoke as revoke_key
 
     try:
-        st = _open(db, artifacts, shared, workspace)
-        report = revoke_key(st.local, st.shared, key_or_node, by=st.host_id, reason=reason)
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            report = revoke_key(st.local, st.shared, key_or_node, by=st.host_id, reason=reason)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     lines = [f"revoked {k} (marker {m})" for k, m in zip(report.keys, report.markers, strict=True)]

@@ -292,7 +292,6 @@ def _resume_flow(
     ONE drive of the run with the flow's code in this process; the answer reads the run's state after it."""
     from smthrs_plugin.cli.worker import drive_one, parse_flow_spec
     from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
-    from smthrs_plugin.engine.driver import RunDriver
     from smthrs_plugin.hosts._steprun import step_settings
     from smthrs_plugin.runtime import open_runtime
 
@@ -305,7 +304,7 @@ def _resume_flow(
             control = rt.control()
             receipt = control.resume(run_id, idempotency_key=key, principal=parse_principal(as_))
             if isinstance(receipt, (Accepted, AlreadyApplied)):
-                driver = RunDriver(rt.db, settings=rt.settings)
+                driver = rt.driver
                 driver.register(name, fn)
                 drive_one(driver, f"{run_id}={name}", {name: fn})
             return answer(control, receipt, as_json=as_json, operation="resume")

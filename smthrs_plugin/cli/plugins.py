@@ -34,7 +34,7 @@ def list_plugins(as_json: JsonOption = False) -> None:
         settings = load_settings()
         infos = plugins.describe()
         actions = plugins.actions()
-        owners = _action_owners(plugins)
+        owners = plugins.action_owners()
         hosts = [p.name for p in plugins.host_providers(settings)]
     except SmthrsError as exc:
         refuse(as_json, exc)
@@ -51,12 +51,3 @@ def list_plugins(as_json: JsonOption = False) -> None:
     lines.append(f"hosts:   {', '.join(hosts) + ', ' if hosts else ''}local (default)")
     done(as_json, payload, "\n".join(lines))
     raise typer.Exit(EXIT_OK)
-
-
-def _action_owners(plugins: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for impl in plugins.pm.hook.smthrs_plan_actions.get_hookimpls():
-        answer = impl.function() or {}
-        for name in answer:
-            out[name] = impl.plugin_name
-    return out

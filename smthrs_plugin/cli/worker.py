@@ -21,6 +21,8 @@ Invariants:
   the parameters the run started with); ``--plan PLAN.yaml`` registers the plan file's flow
   (its runs are driven by the plan scheduler; settled nodes replay ``clean``, timer nodes keep their deadlines).
   A malformed spec is refused (exit 2) before anything is written.
+- The driver comes from the composition root (``open_runtime(...).run_driver(...)``), so it claims and steals
+  with the same owner, liveness check and metrics as every other part of the runtime.
 
 Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
 """
@@ -167,54 +169,58 @@ def worker(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of text.")] = False,
 ) -> None:
     """Drive registered flows until interrupted (or one run with --run)."""
-    from smthrs_plugin.engine.driver import RunDriver
+    from smthrs_plugin.runtime import Runtime, open_runtime
     from smthrs_plugin.settings import load_settings
-    from smthrs_plugin.stores.database import open_database
 
+    runtime: Runtime | None = None
     try:
-        settings = load_settings(workspace=workspace, db_url=db)
-        parameters = _parse_params(param) if param else None
-        if parameters is not None and run is None:
-            raise WaitError("invalid_wait", "--param applies to the run given with --run")
-        from smthrs_plugin.hosts._steprun import step_settings
+        try:
+            settings = load_settings(workspace=workspace, db_url=db)
+            parameters = _parse_params(param) if param else None
+            if parameters is not None and run is None:
+                raise WaitError("invalid_wait", "--param applies to the run given with --run")
+            from smthrs_plugin.hosts._steprun import step_settings
 
-        # A Prefect flow's steps use the workspace (and database) this worker was given: registration captures it,
-        # and a --run drive re-registers the flow with its parameters inside the same scope.
-        with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
-            flows = dict(parse_flow_spec(s) for s in (flow or []))
-            runtime = None
-            if plan:
-                from smthrs_plugin.runtime import open_runtime
-
+            # A Prefect flow's steps use the workspace (and database) this worker was given: registration captures
+            # it, and a --run drive re-registers the flow with its parameters inside the same scope.
+            with step_settings(workspace=settings.workspace, db=settings.resolved_db_url):
+                flows = dict(parse_flow_spec(s) for s in (flow or []))
+                if not flows and not plan:  # refused before the runtime creates the workspace or the database
+                    raise WaitError(
+                        "invalid_wait",
+                        "register at least one flow: --flow NAME=MODULE:FUNCTION or --plan FILE",
+                    )
                 runtime = open_runtime(workspace=settings.workspace, db=settings.resolved_db_url)
-                flows.update(_plan_flows(runtime, plan))
-            if not flows:
-                raise WaitError(
-                    "invalid_wait", "register at least one flow: --flow NAME=MODULE:FUNCTION or --plan FILE"
-                )
-            database = open_database(settings.resolved_db_url)
-            driver = RunDriver(database, settings=settings, wait_budget_s=budget, max_runs=max_runs)
-            for name, fn in flows.items():
-                driver.register(name, fn)
-            if run is not None:
-                outcome = drive_one(driver, run, flows, parameters)
-    except SmthrsError as exc:
-        _refuse(as_json, exc)
-    except BaseException as exc:
-        # A second signal while driving --run (KeyboardInterrupt), or SIGTERM inside a Prefect flow (Prefect turns
-        # it into its TerminationSignal): the driver released the run (resumable by any worker), never cancelled.
-        if not _interrupted(exc):
-            raise
-        typer.echo(
-            json.dumps({"run_id": run, "outcome": "interrupted"}) if as_json else "interrupted; run released"
-        )
-        raise typer.Exit(EXIT_PARKED) from None
-    if run is not None:
-        typer.echo(json.dumps(_outcome_json(outcome), sort_keys=True) if as_json else _outcome_line(outcome))
-        raise typer.Exit(outcome_exit_code(outcome))
-    _serve(driver, grace, as_json)
-    if runtime is not None:
-        runtime.close()
+                flows.update(_plan_flows(runtime, plan or []))
+                # A driver of its own: --budget and --max-runs are this worker's, not the runtime's defaults.
+                driver = runtime.run_driver(wait_budget_s=budget, max_runs=max_runs)
+                for name, fn in flows.items():
+                    driver.register(name, fn)
+                if run is not None:
+                    outcome = drive_one(driver, run, flows, parameters)
+        except SmthrsError as exc:
+            _refuse(as_json, exc)
+        except BaseException as exc:
+            # A second signal while driving --run (KeyboardInterrupt), or SIGTERM inside a Prefect flow (Prefect
+            # turns it into its TerminationSignal): the driver released the run (resumable by any worker), never
+            # cancelled.
+            if not _interrupted(exc):
+                raise
+            typer.echo(
+                json.dumps({"run_id": run, "outcome": "interrupted"})
+                if as_json
+                else "interrupted; run released"
+            )
+            raise typer.Exit(EXIT_PARKED) from None
+        if run is not None:
+            typer.echo(
+                json.dumps(_outcome_json(outcome), sort_keys=True) if as_json else _outcome_line(outcome)
+            )
+            raise typer.Exit(outcome_exit_code(outcome))
+        _serve(driver, grace, as_json)
+    finally:
+        if runtime is not None:
+            runtime.close()
 
 
 def _interrupted(exc: BaseException) -> bool:

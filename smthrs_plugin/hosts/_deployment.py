@@ -102,7 +102,7 @@ def claim_run(rt: Runtime, flow_run_id: str, flow: str, deployment_id: str) -> A
         rt.runs.create(run_id, flow)
         decision = rt.ownership.claim(run_id)
         if isinstance(decision, Activated):
-            return ActiveRun(decision, flow, ownership=rt.ownership, runs=rt.runs, waits=rt.driver.waits)
+            return ActiveRun(decision, flow, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
         if isinstance(decision, Terminal):
             if decision.status == "failed":
                 continue  # this execution is a retry of a failed attempt: the next run of the chain

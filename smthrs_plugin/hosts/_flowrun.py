@@ -281,7 +281,7 @@ def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
         decision = rt.ownership.claim(run_id)
         if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
             raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
-    return ActiveRun(decision, name, ownership=rt.ownership, runs=rt.runs, waits=rt.driver.waits)
+    return ActiveRun(decision, name, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
 
 
 def _unbind(run_id: str) -> None:

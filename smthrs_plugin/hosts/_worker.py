@@ -5,7 +5,8 @@ Invariant (DESIGN.md §4, PREFECT.md): engines, fsspec filesystems, measurers an
 :class:`WorkerDispatcher` carries URLs and plain settings only (``Database`` and ``ArtifactStore`` pickle as their
 URLs); on first use in a process it opens ONE :class:`~smthrs_plugin.cache.dispatch.CacheDispatcher` per
 (process, workspace, database, stores) and keeps it, so a worker's stat cache stays warm across jobs. Writes a
-job makes there are fenced by the owner token the job carries, exactly as in the coordinator's process.
+job makes there are fenced by the owner token the job carries, exactly as in the coordinator's process. The
+dispatcher itself is wired by the composition root (:func:`~smthrs_plugin.runtime.process_dispatcher`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..boundary.evidence import InlineLimits
 from ..cache.dispatch import CacheDispatcher
 from ..cache.model import DispatchRequest, DispatchResult, Execute, SandboxMode
+from ..runtime import process_dispatcher
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
 
@@ -79,10 +80,10 @@ class WorkerDispatcher:
             d = _CACHE.get(ident)
             if d is None:
                 # A forked child inherits its parent's entries; they are keyed by the parent's pid and ignored.
-                d = _CACHE[ident] = CacheDispatcher(
+                d = _CACHE[ident] = process_dispatcher(
                     self.db,
                     self.artifacts,
-                    Path(self.workspace),
+                    self.workspace,
                     shared=self.shared,
                     host_id=self.host_id,
                     sandbox_mode=self.sandbox_mode,

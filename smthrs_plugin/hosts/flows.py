@@ -33,7 +33,7 @@ from typing import Any
 from ..canonical import canonical_bytes
 from ..engine.active_run import DriveOutcome, FlowCompleted
 from ..engine.context import RunContext
-from ..engine.driver import FlowFn, RunDriver
+from ..engine.driver import FlowFn
 from ..engine.journal import Journal
 from ..engine.runs import RunStore
 from ..errors import CanonicalError, WaitError
@@ -160,7 +160,9 @@ def durable_run(
     rt = current_spec().open()
     params = resolve_parameters(flow, run_id, parameters, runs=rt.runs, journal=rt.journal)
     name = flow_name(flow)
-    driver = RunDriver(rt.db, settings=rt.settings, journal=rt.journal, wait_budget_s=budget_s)
+    # A driver of its own (wired by the runtime): the flow registered on it carries THIS run's parameters, which a
+    # concurrent durable_run of the same flow in this process must not replace before the drive.
+    driver = rt.run_driver(wait_budget_s=budget_s)
     driver.register(name, flow_fn(flow, params))
     if rt.runs.get(run_id) is None:
         driver.submit(run_id, name)

@@ -30,7 +30,6 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from ..control.control import Control
 from ..errors import ControlError, InvalidInput, SmthrsError
 from ..runtime import Runtime
 from ._auth import ServeAuth
@@ -71,12 +70,11 @@ def create_app(
     *,
     stopping: threading.Event | None = None,
     loopback_host: str | None = None,
-    control: Control | None = None,
 ) -> ASGIApp:
     """The application over ``rt``'s database. ``stopping`` ends live projection streams when set (the server sets
     it on SIGTERM/SIGINT); ``loopback_host`` (the loopback address the server is bound to, or None for a network
-    bind) turns on the ``Host`` check."""
-    control = control if control is not None else rt.control()
+    bind) turns on the ``Host`` check. Mutations go through ``rt``'s control plane (the one it hands out)."""
+    control = rt.control()
     methods = Methods(rt, control, auth.principal)
     projections = Projections(rt.db, stopping if stopping is not None else threading.Event())
     app = FastAPI(
