@@ -56,6 +56,7 @@ from smthrs_plugin.cache.requests import node_request  # noqa: E402
 from smthrs_plugin.cache.shared import check_document  # noqa: E402
 from smthrs_plugin.cache.signing import Trust, workspace_key  # noqa: E402
 from smthrs_plugin.stores.artifacts import ArtifactStore  # noqa: E402
+from smthrs_plugin.stores.database import open_database  # noqa: E402
 from smthrs_plugin.stores.schema import step_cache  # noqa: E402
 
 INPUT = os.urandom(4096)  # the same bytes on every "machine": one key
@@ -68,7 +69,7 @@ def body(root: Path) -> dict[str, Any]:
     return {"bytes": len(data)}
 
 
-DRAFT = sp.node("reverse", body={"cmd": "reverse"}, reads=["in.txt"], writes=["out.txt"])
+DRAFT = sp.plan.node("reverse", body={"cmd": "reverse"}, reads=["in.txt"], writes=["out.txt"])
 
 
 class Bench:
@@ -79,7 +80,7 @@ class Bench:
         self.ws = self.root / "ws"
         self.ws.mkdir(parents=True)
         (self.ws / "in.txt").write_bytes(INPUT)
-        self.db = sp.open_database(f"sqlite:///{(self.root / 'state.db').as_posix()}")
+        self.db = open_database(f"sqlite:///{(self.root / 'state.db').as_posix()}")
         self.artifacts = shared if one_store else ArtifactStore((self.root / "blobs").as_uri())
         self.measurer = Measurer(self.ws)
         self.dispatcher = CacheDispatcher(

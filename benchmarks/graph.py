@@ -41,10 +41,13 @@ COMPILE_GOAL_S = 3.0  # at 100,000 nodes
 SETTLE_GOAL = 100_000  # settlements/s
 
 
-def declare(shape: str, n: int) -> list[sp.NodeDraft]:
+def declare(shape: str, n: int) -> list[sp.plan.NodeDraft]:
     if shape == "chain":
-        return [sp.node(f"n{i}", body=i, inputs=[sp.Pending(f"n{i - 1}")] if i else []) for i in range(n)]
-    return [sp.node(f"n{i}", body=i, kind="agent" if i % 4 == 0 else "step") for i in range(n)]
+        return [
+            sp.plan.node(f"n{i}", body=i, inputs=[sp.plan.Pending(f"n{i - 1}")] if i else [])
+            for i in range(n)
+        ]
+    return [sp.plan.node(f"n{i}", body=i, kind="agent" if i % 4 == 0 else "step") for i in range(n)]
 
 
 def build(shape: str, n: int) -> tuple[Plan, float, float]:
@@ -52,7 +55,7 @@ def build(shape: str, n: int) -> tuple[Plan, float, float]:
     t0 = time.perf_counter()
     drafts = declare(shape, n)
     t1 = time.perf_counter()
-    plan = sp.compile_plan(f"bench-{shape}", "bench", drafts, maximum_plan_nodes=n)
+    plan = sp.plan.compile_plan(f"bench-{shape}", "bench", drafts, maximum_plan_nodes=n)
     return plan, t1 - t0, time.perf_counter() - t1
 
 

@@ -125,10 +125,10 @@ def bench_plan(n: int, workspace: Path) -> dict[str, float]:
     """ms per node for an ``n``-node binary-tree DAG: smthrs on the Prefect host (built, then clean), smthrs on
     the local thread-pool host (the scheduler + cache share, without Prefect), and bare Prefect."""
     nodes = [
-        sp.node(f"n{i}", body={"i": i}, inputs=[sp.Pending(f"n{(i - 1) // 2}")] if i else [])
+        sp.plan.node(f"n{i}", body={"i": i}, inputs=[sp.plan.Pending(f"n{(i - 1) // 2}")] if i else [])
         for i in range(n)
     ]
-    plan = sp.compile_plan("bench-p4", "bench/p4", nodes)
+    plan = sp.plan.compile_plan("bench-p4", "bench/p4", nodes)
     out: dict[str, float] = {}
 
     def run_on(rt: Any, run_id: str, expect: str) -> float:

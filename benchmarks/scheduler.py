@@ -47,6 +47,7 @@ from typing import Any
 import smthrs_plugin as sp
 from smthrs_plugin.cache.model import DispatchResult, Miss
 from smthrs_plugin.plan import Admission, RuntimeGraph
+from smthrs_plugin.scheduler import ThreadHost
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 WORKERS = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -56,20 +57,20 @@ def noop(_: Any) -> None:
     return None
 
 
-def make_plan(shape: str, n: int) -> sp.Plan:
+def make_plan(shape: str, n: int) -> sp.plan.Plan:
     if shape == "wide":
-        nodes = [sp.node(f"n{i}", body=i) for i in range(n)]
+        nodes = [sp.plan.node(f"n{i}", body=i) for i in range(n)]
     else:
-        nodes = [sp.node("n0", body=0)] + [
-            sp.node(f"n{i}", body=i, inputs=[sp.Pending(f"n{i - 1}")]) for i in range(1, n)
+        nodes = [sp.plan.node("n0", body=0)] + [
+            sp.plan.node(f"n{i}", body=i, inputs=[sp.plan.Pending(f"n{i - 1}")]) for i in range(1, n)
         ]
-    return sp.compile_plan(f"bench-{shape}", "bench", nodes, maximum_plan_nodes=n + 10)
+    return sp.plan.compile_plan(f"bench-{shape}", "bench", nodes, maximum_plan_nodes=n + 10)
 
 
 # ------------------------------------------------------------------------------------------------------ bare
 
 
-def run_bare(plan: sp.Plan) -> float:
+def run_bare(plan: sp.plan.Plan) -> float:
     deps = {n.id: set(n.depends_on) for n in plan.nodes}
     dependents: dict[str, list[str]] = collections.defaultdict(list)
     for n in plan.nodes:
@@ -108,7 +109,7 @@ def run_bare(plan: sp.Plan) -> float:
 # ----------------------------------------------------------------------------------------------------- graph
 
 
-def run_graph(plan: sp.Plan) -> float:
+def run_graph(plan: sp.plan.Plan) -> float:
     t0 = time.perf_counter()
     graph = RuntimeGraph(plan)
     admission = Admission({"steps": WORKERS})
@@ -162,14 +163,14 @@ class Timed:
         return result
 
 
-def run_ours(plan: sp.Plan, *, full: bool, synchronous: str = "full") -> tuple[float, Timed]:
+def run_ours(plan: sp.plan.Plan, *, full: bool, synchronous: str = "full") -> tuple[float, Timed]:
     with (
         tempfile.TemporaryDirectory(prefix="smthrs-bench-") as tmp,
         sp.open_runtime(workspace=Path(tmp), sqlite_synchronous=synchronous) as rt,
     ):
         timed = Timed(rt.dispatcher if full else PassThrough(rt.db))
         rt.dispatcher = timed  # type: ignore[assignment]
-        sched = rt.scheduler("bench", concurrency={"steps": WORKERS}, host=sp.LocalHost(WORKERS))
+        sched = rt.scheduler("bench", concurrency={"steps": WORKERS}, host=ThreadHost(WORKERS))
         t0 = time.perf_counter()
         report = sched.run(plan, noop)
         dt = time.perf_counter() - t0

@@ -66,9 +66,9 @@ def execute(ni: sp.NodeInput) -> dict:
     return merge(ni) if ni.node.draft.material.body["kind"] == "merge" else render(ni)
 
 
-def make_plan(parts: int, rounds: int) -> sp.Plan:
+def make_plan(parts: int, rounds: int) -> sp.plan.Plan:
     nodes = [
-        sp.node(
+        sp.plan.node(
             f"render-{i}",
             body={"kind": "render", "src": f"in/part-{i}.txt", "dst": f"out/part-{i}.txt", "rounds": rounds},
             reads=[f"in/part-{i}.txt"],
@@ -77,8 +77,10 @@ def make_plan(parts: int, rounds: int) -> sp.Plan:
         for i in range(parts)
     ]
     outs = [f"out/part-{i}.txt" for i in range(parts)]
-    nodes.append(sp.node("merge", body={"kind": "merge", "parts": outs}, reads=outs, writes=["out/all.txt"]))
-    return sp.compile_plan("scale-out", "examples/scale-out", nodes)
+    nodes.append(
+        sp.plan.node("merge", body={"kind": "merge", "parts": outs}, reads=outs, writes=["out/all.txt"])
+    )
+    return sp.plan.compile_plan("scale-out", "examples/scale-out", nodes)
 
 
 def run_twice(

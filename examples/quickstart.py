@@ -129,18 +129,18 @@ def run_action(ni: sp.NodeInput) -> dict:
     return ACTIONS[ni.node.draft.material.body["action"]](ni)
 
 
-def publish_plan() -> sp.Plan:
-    return sp.compile_plan(
+def publish_plan() -> sp.plan.Plan:
+    return sp.plan.compile_plan(
         "quickstart-publish",
         "quickstart/publish",
         [
-            sp.node(
+            sp.plan.node(
                 "histogram",
                 body={"action": "histogram"},
                 reads=["data/by_region.json"],
                 writes=["reports/histogram.txt"],
             ),
-            sp.node(
+            sp.plan.node(
                 "checksums",
                 body={"action": "checksums"},
                 reads=["reports/summary.md", "reports/histogram.txt"],

@@ -3,10 +3,30 @@
 A content-addressed step cache keyed on the bytes of declared inputs, step boundaries, fenced ownership,
 approval gates and durable waits, with artifacts stored through fsspec (local disk and S3 alike).
 
-This module is the public face: everything a flow author, a data team or a CI job needs is importable from here.
-Prefect-backed names (``step``, ``Step``, ``step_settings``, ``PrefectHost``, ``run_plan_in_flow``,
-``durable_run``) load on first use, so ``import smthrs_plugin`` (and ``smthrs --help``) never pays for importing
-Prefect.
+This module is the public face for a Prefect flow author (``import smthrs_plugin as sp``). Everything in
+``__all__`` is stable; two namespaces hold the rest of the surface:
+
+- :mod:`smthrs_plugin.plan` (``sp.plan``) — declaring plans: ``node``, ``Ref``, ``Pending``, ``Value``,
+  ``compile_plan``, ``append_plan``, ``verify_plan``, ``Plan``, ``RuntimeGraph``;
+- :mod:`smthrs_plugin.control` (``sp.control``) — the control plane's types: receipts, plan cards, envelopes,
+  principals, approval targets and authorities (the facade :class:`Control` is also here, at the top);
+- :mod:`smthrs_plugin.errors` — every typed error; the ones a flow author catches are re-exported here.
+
+Running a plan — ONE way from Python, one from the CLI:
+
+- Python: ``with sp.open_runtime() as rt: report = rt.scheduler(run_id).run(plan, executor)``. The scheduler drives
+  its own run (creates, claims, heartbeats, settles or parks it; node approval gates; the Prefect host inside a
+  flow run, the local thread pool outside). A plan file is loaded with ``plan, executor = sp.load_plan(path)``
+  and run the same way.
+- CLI: ``smthrs run PLAN.yaml --key IDEMPOTENCY_KEY [--prefect]`` — the same run behind a receipt, with plan
+  approval (``smthrs plan`` / ``smthrs approve``) and crash-safe retries under the same key.
+
+Names that look alike name different things: :class:`RunParked` is the signal RAISED to the caller of a flow
+whose run parked (the process may exit); :class:`DriveParked` is what :func:`durable_run` RETURNS when the drive
+parked; ``sp.control.Parked`` is the control plane's receipt for a plan waiting for approval.
+
+Invariant: ``import smthrs_plugin`` never imports Prefect (nor ``smthrs --help``): the Prefect-backed names
+(``step``, ``Step``, ``step_settings``, ``durable_run``) load on first use.
 """
 
 from __future__ import annotations
@@ -14,26 +34,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .boundary import Declaration
-from .cache import CacheDispatcher, DispatchRequest, DispatchResult
-from .canonical import canonical_bytes, key, key_digest
-from .control import (
-    Control,
-    DelegatedAuthority,
-    Delegation,
-    Envelope,
-    NodeTarget,
-    PlanCard,
-    PlanTarget,
-    Principal,
-    require_approval,
+from . import control as control  # the namespaces sp.control and sp.plan
+from . import plan as plan
+from .control.approvals import require_approval
+from .control.control import Control
+from .engine.active_run import (
+    DriveLost,
+    DriveNotClaimed,
+    DriveOutcome,
+    DriveParked,
+    DriveReleased,
+    DriveSettled,
+    DriveUnregistered,
 )
-from .control.receipts import Accepted, AlreadyApplied, Conflict, Parked, Terminal
-from .engine.active_run import FlowCompleted, FlowFailed, FlowParked
-from .engine.cancellation import cancel_run
-from .engine.context import RunCancelled, RunContext, RunParked, RunReleased, current_run
-from .engine.driver import RunDriver
-from .engine.fence import OwnerId
+from .engine.context import RunContext, RunParked, current_run
 from .engine.flow_waits import complete, sleep, sleep_until, wait_for
 from .errors import (
     ApprovalDenied,
@@ -42,63 +56,25 @@ from .errors import (
     BoundaryRefusal,
     CacheError,
     CanonicalError,
+    CodecError,
     ControlError,
-    FenceLost,
-    GraphError,
-    InvalidInput,
     PlanError,
-    PluginError,
-    ReplayError,
-    RunParentCycleError,
     SchedulerError,
     SettingsError,
     SmthrsError,
     StoreError,
     WaitError,
 )
-from .hooks import Plugins, get_plugins, hookimpl
-from .hosts.local import LocalHost
+from .hooks import hookimpl
 from .hosts.workspace import Workspace
-from .observe.catalog import RunFilters, list_runs
-from .observe.metrics import Metrics
-from .observe.watch import ControlEvent, watch
-from .plan import (
-    ABSENT,
-    Admission,
-    Concurrency,
-    Literal,
-    NodeDraft,
-    Pending,
-    Plan,
-    PlanNode,
-    Ref,
-    RuntimeGraph,
-    append_plan,
-    compile_plan,
-    node,
-    verify_plan,
-)
 from .runtime import Runtime, open_runtime
-from .scheduler import (
-    DefaultReconciler,
-    FactorOut,
-    Fail,
-    InlineHost,
-    NodeInput,
-    PlanScheduler,
-    Reorder,
-    Report,
-    Settlement,
-)
-from .scheduler.planfile import load_plan, read_plan_file
+from .scheduler.model import NodeInput
+from .scheduler.planfile import load_plan
 from .settings import Settings, load_settings
-from .stores.artifacts import ArtifactStore
-from .stores.database import open_database
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hosts._steprun import step_settings
     from .hosts.flows import durable_run
-    from .hosts.prefect import PrefectHost, run_plan_in_flow
     from .hosts.step import Step, step
 
 __version__ = "0.1.0"
@@ -107,8 +83,6 @@ _LAZY = {
     "step": ("hosts.step", "step"),
     "Step": ("hosts.step", "Step"),
     "step_settings": ("hosts._steprun", "step_settings"),
-    "PrefectHost": ("hosts.prefect", "PrefectHost"),
-    "run_plan_in_flow": ("hosts.prefect", "run_plan_in_flow"),
     "durable_run": ("hosts.flows", "durable_run"),
 }
 
@@ -122,31 +96,24 @@ def __getattr__(name: str) -> object:
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
-    # plans
-    "ABSENT", "Admission", "Concurrency", "Literal", "NodeDraft", "Pending", "Plan", "PlanNode", "Ref",
-    "RuntimeGraph", "append_plan", "compile_plan", "node", "verify_plan", "load_plan", "read_plan_file",
-    # runtime, scheduler, hosts
-    "Runtime", "open_runtime", "PlanScheduler", "Report", "Settlement", "NodeInput", "DefaultReconciler",
-    "Reorder", "FactorOut", "Fail", "InlineHost", "LocalHost", "Workspace",
-    "step", "Step", "step_settings", "PrefectHost", "run_plan_in_flow", "durable_run",
-    # stores, cache, boundary
-    "open_database", "OwnerId", "ArtifactStore", "Declaration", "CacheDispatcher", "DispatchRequest",
-    "DispatchResult",
-    # waits and the run driver
-    "sleep", "sleep_until", "wait_for", "complete", "cancel_run", "current_run", "RunContext", "RunDriver",
-    "RunParked", "RunCancelled", "RunReleased", "FlowCompleted", "FlowFailed", "FlowParked",
-    # control plane
-    "Control", "PlanCard", "Envelope", "Principal", "Delegation", "DelegatedAuthority", "PlanTarget",
-    "NodeTarget", "require_approval", "Accepted", "AlreadyApplied", "Parked", "Conflict", "Terminal",
-    # observation
-    "watch", "ControlEvent", "list_runs", "RunFilters", "Metrics",
-    # plugins
-    "Plugins", "get_plugins", "hookimpl",
-    # keys, settings
-    "canonical_bytes", "key", "key_digest", "Settings", "load_settings",
-    # errors
-    "SmthrsError", "CanonicalError", "SettingsError", "PlanError", "GraphError", "SchedulerError", "StoreError",
-    "FenceLost", "RunParentCycleError", "ArtifactError", "BoundaryError", "BoundaryRefusal", "ReplayError",
-    "CacheError", "ControlError", "InvalidInput", "ApprovalDenied", "WaitError", "PluginError",
+    # steps: a cached, sandboxed Prefect task
+    "step", "Step", "step_settings", "Workspace",
+    # durable flows: drive a Prefect @flow as a run, and how the drive ended
+    "durable_run", "DriveOutcome", "DriveSettled", "DriveParked", "DriveReleased", "DriveLost", "DriveNotClaimed",
+    "DriveUnregistered",
+    # durable waits, inside a flow body or a driven function
+    "sleep", "sleep_until", "wait_for", "complete", "require_approval", "current_run", "RunContext", "RunParked",
+    # running plans (declared with sp.plan), the control plane (types in sp.control)
+    "open_runtime", "Runtime", "NodeInput", "load_plan", "Control",
+    # plugins, settings
+    "hookimpl", "Settings", "load_settings",
+    # errors a flow author catches (every family: smthrs_plugin.errors)
+    "SmthrsError", "SettingsError", "CanonicalError", "CodecError", "PlanError", "SchedulerError", "StoreError",
+    "ArtifactError", "BoundaryError", "BoundaryRefusal", "CacheError", "ControlError", "ApprovalDenied",
+    "WaitError",
 ]  # fmt: skip

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 README_EXAMPLE = """
-import smthrs_plugin as sp
-from smthrs_plugin.boundary import Evidence, replay_outputs, run_in_sandbox
+from smthrs_plugin.boundary import Declaration, Evidence, replay_outputs, run_in_sandbox
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
-store = sp.ArtifactStore(".smthrs/artifacts")   # or "s3://bucket/prefix", {"endpoint_url": ...}
-decl = sp.Declaration.of(reads=["data/raw.csv"], writes=["data/clean.csv"])
+store = ArtifactStore(".smthrs/artifacts")      # or "s3://bucket/prefix", {"endpoint_url": ...}
+decl = Declaration.of(reads=["data/raw.csv"], writes=["data/clean.csv"])
 
 def clean(root):                                 # root = a temp tree holding only data/raw.csv
     rows = [r for r in (root / "data/raw.csv").read_text().splitlines() if r]

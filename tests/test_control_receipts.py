@@ -10,7 +10,6 @@ import pytest
 
 from smthrs_plugin.control import (
     LOCAL_OPERATOR,
-    RECEIPT_TYPES,
     Accepted,
     AlreadyApplied,
     Conflict,
@@ -20,6 +19,7 @@ from smthrs_plugin.control import (
     decide_replay,
     receipt_from_dict,
 )
+from smthrs_plugin.control.receipts import RECEIPT_TYPES
 from smthrs_plugin.errors import ControlError
 
 RECEIPTS = [

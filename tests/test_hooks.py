@@ -36,13 +36,13 @@ def upper(ni: sp.NodeInput) -> dict:
     return {"n": len(text)}
 
 
-def two_nodes() -> sp.Plan:
-    return sp.compile_plan(
+def two_nodes() -> sp.plan.Plan:
+    return sp.plan.compile_plan(
         "p",
         "tests/hooks",
         [
-            sp.node("a", body={"x": 1}, reads=["in.txt"], writes=["a.txt"]),
-            sp.node("b", body={"x": 2}, reads=["in.txt"], writes=["b.txt"]),
+            sp.plan.node("a", body={"x": 1}, reads=["in.txt"], writes=["a.txt"]),
+            sp.plan.node("b", body={"x": 2}, reads=["in.txt"], writes=["b.txt"]),
         ],
     )
 
@@ -151,8 +151,8 @@ def test_a_plugin_reconciler_judges_deviations(ws: Path) -> None:
         (ni.root / "a.txt").write_text("x")  # declared write missing: b.txt (expected mode records it)
         return {}
 
-    plan = sp.compile_plan(
-        "dev", "tests/hooks", [sp.node("a", body={}, writes=["a.txt", "extra.txt"], boundary="expected")]
+    plan = sp.plan.compile_plan(
+        "dev", "tests/hooks", [sp.plan.node("a", body={}, writes=["a.txt", "extra.txt"], boundary="expected")]
     )
     with sp.open_runtime(ws, plugins=new_plugins(entry_points=False, extra=[Strict()])) as rt:
         report = rt.scheduler("r1").run(plan, sloppy)
@@ -323,21 +323,24 @@ def test_a_run_waker_is_told_after_each_applied_decision_signal_and_cancellation
     with sp.open_runtime(ws, plugins=plugins) as rt:
         control = _run_with_request(rt, "w1", "deploy")
         assert control.last_host_wake() is None
-        assert isinstance(control.approve(control.pending_requests("w1")[0]), sp.Accepted)
+        assert isinstance(control.approve(control.pending_requests("w1")[0]), sp.control.Accepted)
         assert rec.told[-1][0] == "w1" and "control.approval.approved" in rec.told[-1][1]  # after the commit
         assert control.last_host_wake() == HostWoken("w1", "test-host", "told w1")
-        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.Accepted)
+        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.control.Accepted)
         assert "control.signal.delivered" in rec.told[-1][1]
         # A retry of the same signal replays its receipt and asks the host again (it may have been unreachable).
-        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.AlreadyApplied)
+        assert isinstance(control.signal("w1", "go", {"n": 1}), sp.control.AlreadyApplied)
         assert len(rec.told) == 3
         done = sp.complete("w1", "other", 2, db=rt.db, waker=plugins.host_waker(rt.settings))
         assert isinstance(done, Completed) and "deferred-completed" in rec.told[-1][1]
-        assert isinstance(control.cancel("w1"), sp.Accepted)
+        assert isinstance(control.cancel("w1"), sp.control.Accepted)
         assert "control.run.cancel-requested" in rec.told[-1][1]
         assert len(rec.told) == 5
         # Refused or settled: nothing changed, nobody is told.
-        assert isinstance(control.signal("w1", "late", 1), sp.Terminal) and control.last_host_wake() is None
+        assert (
+            isinstance(control.signal("w1", "late", 1), sp.control.Terminal)
+            and control.last_host_wake() is None
+        )
         assert len(rec.told) == 5
 
 
@@ -349,7 +352,7 @@ def test_a_failing_run_waker_is_reported_and_logged_while_the_decision_stands(
     plugins = new_plugins(entry_points=False, extra=[rec])
     with sp.open_runtime(ws, plugins=plugins) as rt:
         control = _run_with_request(rt, "w2", "deploy")
-        assert isinstance(control.approve(control.pending_requests("w2")[0]), sp.Accepted)
+        assert isinstance(control.approve(control.pending_requests("w2")[0]), sp.control.Accepted)
         wake = control.last_host_wake()
         assert isinstance(wake, HostWakeFailed) and isinstance(wake.cause, ConnectionError)
         assert "prefect is down" in wake.detail and wake.host.startswith("WakeRecorder")

@@ -57,7 +57,7 @@ def test_the_runtime_stores_and_serves_a_third_party_typed_result(
         calls.append(1)
         return {"total": example.Money("3.10", "EUR")}
 
-    draft = sp.node("price", body={"cmd": "price"}, reads=["in.txt"])
+    draft = sp.plan.node("price", body={"cmd": "price"}, reads=["in.txt"])
     with sp.open_runtime(workspace=tmp_path, plugins=plugins) as rt:
         assert "example.Money" in rt.codecs.tags()
         assert rt.dispatcher.codecs is rt.codecs

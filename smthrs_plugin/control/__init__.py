@@ -4,20 +4,18 @@ them — approvals (:mod:`.authority`, :mod:`.approvals`), the stores (:mod:`.st
 
 Every control mutation first crosses :mod:`.identity` (copy, decode, bound, key, fingerprint), then answers one
 of the :mod:`.receipts`; ``plan`` answers a :class:`~.cards.PlanCard` instead.
+
+The public namespace ``sp.control`` (``__all__``) is what a caller of :class:`Control` (``rt.control()``) and an
+approval-authority plugin handle: the five receipts (named as their wire ``_tag``: ``Accepted``,
+``AlreadyApplied``, ``Parked``, ``Conflict``, ``Terminal``), plan cards and envelopes, principals, approval
+targets, approval states (``PendingApproval``, ``Approved``, ``Denied``) and authorities. ``require_approval`` is
+a durable wait: it is ``sp.require_approval``. Everything else is internal; import it from its module.
 """
 
 from __future__ import annotations
 
-from .approvals import (
-    WAITING_APPROVAL_REASON,
-    Approvals,
-    Approved,
-    Denied,
-    NodeGate,
-    Pending,
-    TokenState,
-    require_approval,
-)
+from .approvals import Approved, Denied, TokenState
+from .approvals import Pending as PendingApproval
 from .authority import (
     DEFAULT_AUTHORITY,
     ApprovalAuthority,
@@ -29,40 +27,10 @@ from .authority import (
     PlanTarget,
     Unauthorized,
 )
-from .cards import (
-    DEFAULT_SCOPE,
-    GRANT_SCOPES,
-    CardNode,
-    Envelope,
-    PlanApproval,
-    PlanCard,
-    card_digest,
-    check_envelope,
-    check_plan_digest,
-    envelope_matches,
-)
-from .control import AdmittedRun, Control, Launch, Launcher
-from .identity import (
-    BOUNDS,
-    JSON,
-    LOCAL_OPERATOR,
-    MAX_CANONICAL_BYTES,
-    MAX_DEPTH,
-    MAX_ENTRIES,
-    MAX_KEY_CHARS,
-    MAX_VALUES,
-    Mutation,
-    Principal,
-    check_idempotency_key,
-    decode_input,
-    durable_key,
-    fingerprint,
-    principal_digest,
-    strip_stamped_principals,
-)
+from .cards import CardNode, Envelope, PlanApproval, PlanCard
+from .control import Control
+from .identity import LOCAL_OPERATOR, Mutation, Principal
 from .receipts import (
-    RECEIPT_TYPES,
-    WAITING_APPROVAL,
     Accepted,
     AlreadyApplied,
     Conflict,
@@ -73,62 +41,39 @@ from .receipts import (
     receipt_from_dict,
 )
 
+# `PendingApproval`: an approval request not decided yet (`Pending` is the plan's ordering-only input, sp.plan).
 __all__ = [
-    "WAITING_APPROVAL_REASON",
-    "Approvals",
+    # the facade and its receipts
+    "Control",
+    "Receipt",
+    "Accepted",
+    "AlreadyApplied",
+    "Parked",
+    "Conflict",
+    "Terminal",
+    "receipt_from_dict",
+    "decide_replay",
+    # who asks, and what a mutation is
+    "Principal",
+    "LOCAL_OPERATOR",
+    "Mutation",
+    # plan cards
+    "PlanCard",
+    "CardNode",
+    "PlanApproval",
+    "Envelope",
+    # approvals: targets, states, authorities
+    "PlanTarget",
+    "NodeTarget",
+    "TokenState",
+    "PendingApproval",
     "Approved",
     "Denied",
-    "NodeGate",
-    "Pending",
-    "TokenState",
-    "require_approval",
-    "DEFAULT_AUTHORITY",
     "ApprovalAuthority",
     "AuthorityRequest",
     "Authorized",
+    "Unauthorized",
     "DelegatedAuthority",
     "Delegation",
-    "NodeTarget",
-    "PlanTarget",
-    "Unauthorized",
-    "AdmittedRun",
-    "Control",
-    "Launch",
-    "Launcher",
-    "BOUNDS",
-    "JSON",
-    "LOCAL_OPERATOR",
-    "MAX_CANONICAL_BYTES",
-    "MAX_DEPTH",
-    "MAX_ENTRIES",
-    "MAX_KEY_CHARS",
-    "MAX_VALUES",
-    "Mutation",
-    "Principal",
-    "check_idempotency_key",
-    "decode_input",
-    "durable_key",
-    "fingerprint",
-    "principal_digest",
-    "strip_stamped_principals",
-    "RECEIPT_TYPES",
-    "WAITING_APPROVAL",
-    "Accepted",
-    "AlreadyApplied",
-    "Conflict",
-    "Parked",
-    "Receipt",
-    "Terminal",
-    "decide_replay",
-    "receipt_from_dict",
-    "DEFAULT_SCOPE",
-    "GRANT_SCOPES",
-    "CardNode",
-    "Envelope",
-    "PlanApproval",
-    "PlanCard",
-    "card_digest",
-    "check_envelope",
-    "check_plan_digest",
-    "envelope_matches",
+    "DEFAULT_AUTHORITY",
 ]

@@ -1,25 +1,34 @@
 """Plans, PURE (no I/O): declarations, path entries, keys, compile/append/verify, runtime graph, admission.
 
+The public namespace ``sp.plan`` (``__all__``): declare nodes (:func:`node`, inputs :class:`Ref`, :class:`Pending`
+and :class:`Value`, paths :class:`Glob`, :class:`TreeArtifact`, :class:`Filegroup`), compile them
+(:func:`compile_plan`, :func:`append_plan`, :func:`verify_plan`) into a :class:`Plan` of :class:`PlanNode`
+(with their :class:`WriteConflict` annotations), and follow its outcomes (:class:`RuntimeGraph`). A plan is run
+by a runtime: ``rt.scheduler(run_id).run(plan, executor)``; a plan FILE is loaded by ``sp.load_plan`` (it needs
+the scheduler's executor, a floor above this pure one).
+
 Import order is one-way: fileset → model → keys → compile; graph and admission sit beside compile and only
 read compiled nodes. Nothing here touches a database, a file or the network.
 """
 
 from __future__ import annotations
 
-from ..errors import GraphError, PlanError
-from .admission import Admission, AdmissionWork, Concurrency
-from .compile import (
-    DEFAULT_MAXIMUM_PLAN_NODES,
-    append_plan,
-    compile_plan,
-    plan_digest,
-    priority_json,
-    verify_plan,
-)
+from .admission import Concurrency
+from .compile import append_plan, compile_plan, verify_plan
 from .fileset import Filegroup, Glob, TreeArtifact
-from .graph import OUTCOMES, SUCCESS, GraphWork, NodeState, Outcome, Propagation, RuntimeGraph, Settled
-from .keys import (
-    ABSENT,
+from .graph import RuntimeGraph
+from .keys import ABSENT
+from .model import Conflict as WriteConflict
+from .model import Input, NodeDraft, Pending, Plan, PlanNode, Ref, node
+from .model import Literal as Value
+
+# isort: split
+# Internal: not part of the namespace (absent from __all__), still importable from here because the package's own
+# modules and tests import them so; each goes once its importers import the defining module instead.
+from .admission import Admission, AdmissionWork  # noqa: F401
+from .compile import DEFAULT_MAXIMUM_PLAN_NODES, plan_digest, priority_json  # noqa: F401
+from .graph import OUTCOMES, SUCCESS, GraphWork, NodeState, Outcome, Propagation, Settled  # noqa: F401
+from .keys import (  # noqa: F401
     ORDERING_ONLY,
     dispatch_key,
     effects_json,
@@ -30,64 +39,27 @@ from .keys import (
     resolve_refs,
     run_local_key,
 )
-from .model import (
-    KEY_MATERIAL_VERSION,
-    Conflict,
-    Effects,
-    Input,
-    KeyMaterial,
-    Literal,
-    NodeDraft,
-    Pending,
-    Plan,
-    PlanNode,
-    Ref,
-    node,
-)
+from .model import KEY_MATERIAL_VERSION, Effects, KeyMaterial, Literal  # noqa: F401
 
+# A constant input is a `Value` (`Literal` would shadow typing.Literal) and a compiled node's overlap annotation a
+# `WriteConflict` (`Conflict` is the control plane's receipt): one name per concept across the public namespaces.
 __all__ = [
     "ABSENT",
-    "Admission",
-    "AdmissionWork",
     "Concurrency",
-    "Conflict",
-    "DEFAULT_MAXIMUM_PLAN_NODES",
-    "Effects",
     "Filegroup",
     "Glob",
-    "GraphError",
-    "GraphWork",
     "Input",
-    "KEY_MATERIAL_VERSION",
-    "KeyMaterial",
-    "Literal",
     "NodeDraft",
-    "NodeState",
-    "ORDERING_ONLY",
-    "OUTCOMES",
-    "Outcome",
     "Pending",
     "Plan",
-    "PlanError",
     "PlanNode",
-    "Propagation",
     "Ref",
     "RuntimeGraph",
-    "SUCCESS",
-    "Settled",
     "TreeArtifact",
+    "Value",
+    "WriteConflict",
     "append_plan",
     "compile_plan",
-    "dispatch_key",
-    "effects_json",
-    "input_value_digest",
-    "material_body",
     "node",
-    "plan_digest",
-    "plan_key",
-    "priority_json",
-    "project",
-    "resolve_refs",
-    "run_local_key",
     "verify_plan",
 ]

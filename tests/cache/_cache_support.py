@@ -153,7 +153,7 @@ def upper(root: Path) -> dict[str, Any]:
 
 
 def upper_node(**kw: Any) -> NodeDraft:
-    return sp.node("upper", body={"cmd": "upper"}, reads=["in.txt"], writes=["out.txt"], **kw)
+    return sp.plan.node("upper", body={"cmd": "upper"}, reads=["in.txt"], writes=["out.txt"], **kw)
 
 
 def tamper(store: ArtifactStore, digest: str) -> None:

@@ -55,7 +55,7 @@ def test_a_glob_read_keeps_the_result_run_local(machines: Machines) -> None:
     import smthrs_plugin as sp
 
     a = machines("a", files={"in.txt": "x"})
-    draft = sp.node("upper", body={}, reads=["*.txt"], writes=["out.txt"])
+    draft = sp.plan.node("upper", body={}, reads=["*.txt"], writes=["out.txt"])
     res = a.dispatch(draft, upper)
     assert res.outcome == "built" and res.published["shared"] == "unpublished:reads_exact"
 

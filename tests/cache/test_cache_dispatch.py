@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from _cache_support import Machine, tamper, upper, upper_node
 
-import smthrs_plugin as sp
 from smthrs_plugin.boundary import referenced_digests
-from smthrs_plugin.cache import Miss, ReplayFailed, StaleReadSet, VerifiedHit
+from smthrs_plugin.cache import CacheDispatcher, Miss, ReplayFailed, StaleReadSet, VerifiedHit
 from smthrs_plugin.canonical import key_digest
 from smthrs_plugin.errors import BoundaryRefusal, CacheError, MaterializationConflict
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 Machines = Callable[..., Machine]
 
@@ -288,7 +288,7 @@ def test_the_run_local_row_is_keyed_by_run_so_another_run_never_finds_it(machine
 
 
 def test_the_public_export_is_the_dispatcher() -> None:
-    assert sp.CacheDispatcher.__module__ == "smthrs_plugin.cache.dispatch"
+    assert CacheDispatcher.__module__ == "smthrs_plugin.cache.dispatch"
 
 
 def test_a_read_that_cannot_be_re_measured_is_unmeasurable_and_the_failure_is_an_outcome(
@@ -313,7 +313,7 @@ def test_a_broken_local_artifact_store_is_a_storage_failure_not_a_node_failure(m
     a = machines("a", files={"in.txt": "hello\n"})
     broken = a.root / "broken-blobs"
     broken.write_text("a file where the local blob directory should be")
-    a.dispatcher.artifacts = sp.ArtifactStore(broken.as_uri())
+    a.dispatcher.artifacts = ArtifactStore(broken.as_uri())
     with pytest.raises(ArtifactError) as err:
         a.dispatch(upper_node(), upper)
     assert err.value.code == "unavailable"

@@ -9,15 +9,17 @@ import pytest
 README_EXAMPLE = """
 import smthrs_plugin as sp
 from smthrs_plugin.boundary import Measurer
-from smthrs_plugin.cache import node_request
+from smthrs_plugin.cache import CacheDispatcher, node_request
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
-db = sp.open_database("sqlite:///.smthrs/state.db")
-local = sp.ArtifactStore(".smthrs/artifacts")       # this machine's blobs
-shared = sp.ArtifactStore("../team-cache")          # the team's tier, e.g. "s3://bucket/cache", {"endpoint_url": ...}
+db = open_database("sqlite:///.smthrs/state.db")
+local = ArtifactStore(".smthrs/artifacts")          # this machine's blobs
+shared = ArtifactStore("../team-cache")             # the team's tier, e.g. "s3://bucket/cache", {"endpoint_url": ...}
 measurer = Measurer(".")                            # one per workspace: its stat cache makes hits cheap
-seam = sp.CacheDispatcher(db, local, ".", shared=shared, measurer=measurer)
+seam = CacheDispatcher(db, local, ".", shared=shared, measurer=measurer)
 
-draft = sp.node("clean", body={"cmd": "clean"}, reads=["data/raw.csv"], writes=["data/clean.csv"])
+draft = sp.plan.node("clean", body={"cmd": "clean"}, reads=["data/raw.csv"], writes=["data/clean.csv"])
 
 def clean(root):                                    # root = a hermetic sandbox holding only data/raw.csv
     rows = [r for r in (root / "data/raw.csv").read_text().splitlines() if r]

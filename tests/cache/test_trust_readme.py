@@ -9,22 +9,24 @@ import pytest
 
 README_EXAMPLE = """
 import smthrs_plugin as sp
-from smthrs_plugin.cache import node_request
+from smthrs_plugin.cache import CacheDispatcher, node_request
 from smthrs_plugin.cache.maintenance import revoke
 from smthrs_plugin.cache.signing import Trust, generate_key_pair, load_private_key, parse_trusted_keys
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
 key, pub, _ = generate_key_pair("keys")                 # = smthrs cache keygen keys
 ci = Trust.of(load_private_key(key))                    # CI:     SMTHRS_CACHE_SIGNING_KEY=keys/cache-signing.key
 laptop = Trust.of(None, parse_trusted_keys(str(pub)))   # laptop: SMTHRS_CACHE_TRUSTED_KEYS=keys/cache-signing.pub
-team = sp.ArtifactStore("team-cache")                   # e.g. "s3://bucket/cache", {"endpoint_url": ...}
-draft = sp.node("clean", body={"cmd": "clean"}, reads=["raw.csv"], writes=["clean.csv"])
+team = ArtifactStore("team-cache")                      # e.g. "s3://bucket/cache", {"endpoint_url": ...}
+draft = sp.plan.node("clean", body={"cmd": "clean"}, reads=["raw.csv"], writes=["clean.csv"])
 
 def clean(root):
     (root / "clean.csv").write_text((root / "raw.csv").read_text().strip() + "\\n")
     return "cleaned"
 
 def run(ws, trust, run_id):
-    seam = sp.CacheDispatcher(sp.open_database(f"sqlite:///{ws}/state.db"), team, ws, trust=trust)
+    seam = CacheDispatcher(open_database(f"sqlite:///{ws}/state.db"), team, ws, trust=trust)
     res = seam.dispatch(node_request(draft, run_id=run_id, workspace=ws, measurer=seam.measurer), clean)
     print(ws, res.outcome, res.decision.tag, res.published.get("shared"))
     return seam

@@ -59,7 +59,7 @@ def pipeline(log: Path, deploy: str = "cp dist/app.txt deployed/app.txt") -> Pla
                  reads=["src/**"], writes=["dist/"]),
             node("test", body={"run": f"echo test >> {log} && grep -q release dist/app.txt"}, reads=["dist/**"]),
             node("deploy", body={"run": f"echo deploy >> {log} && mkdir -p deployed && {deploy}"},
-                 reads=["dist/**"], writes=["deployed/"], tier="irreversible", inputs=[sp.Pending("test")],
+                 reads=["dist/**"], writes=["deployed/"], tier="irreversible", inputs=[sp.plan.Pending("test")],
                  approval={"request": "ship", "envelope": ENV}),
         ],
     )  # fmt: skip

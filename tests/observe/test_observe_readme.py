@@ -17,22 +17,26 @@ def test_readme_observe_example_runs(
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     import smthrs_plugin as sp
-    from smthrs_plugin.observe import feed, snapshot
+    from smthrs_plugin.observe import Metrics, feed, snapshot
+    from smthrs_plugin.observe.catalog import list_runs
+    from smthrs_plugin.observe.watch import watch
 
     reader = InMemoryMetricReader()  # e.g. PeriodicExportingMetricReader(OTLPMetricExporter()) in production
-    metrics = sp.Metrics(MeterProvider(metric_readers=[reader]))
-    plan = sp.compile_plan(plan_id="demo", flow="ci/demo", nodes=[sp.node("hello", body={"say": "hi"})])
+    metrics = Metrics(MeterProvider(metric_readers=[reader]))
+    plan = sp.plan.compile_plan(
+        plan_id="demo", flow="ci/demo", nodes=[sp.plan.node("hello", body={"say": "hi"})]
+    )
     with sp.open_runtime(workspace=".", metrics=metrics) as rt:
         rt.scheduler(run_id="demo-1").run(plan, executor=lambda inp: {"node": inp.node.id})
         db = rt.db
 
-    events = list(sp.watch(db, "demo-1"))  # a finite snapshot of the run's journal
+    events = list(watch(db, "demo-1"))  # a finite snapshot of the run's journal
     print([e.kind for e in events][-2:])  # ['node-settled', 'run-settled']
-    with sp.watch(db, "demo-1", follow=True, after_cursor=events[-1].cursor) as live:
+    with watch(db, "demo-1", follow=True, after_cursor=events[-1].cursor) as live:
         rt.journal.append("demo-1", "note", {"by": "me"})  # any process may append; the tail polls the table
         print(live.next_within(5.0).payload)  # {'by': 'me'}
 
-    page = sp.list_runs(db, {"status": "completed", "flow": "ci/demo"}, limit=50)
+    page = list_runs(db, {"status": "completed", "flow": "ci/demo"}, limit=50)
     print([r.run_id for r in page.runs], page.cursor)  # ['demo-1'] None  (cursor: pass it back for more)
     print(snapshot.read(db, ["demo-1", "nope"]).items[1])  # Missing(run_id='nope', deleted=False, ...)
     pos = feed.current(db)

@@ -61,17 +61,17 @@ def _entries(rng: random.Random, pool: list[str], most: int, globs: bool = True)
     return out
 
 
-def _draft(rng: random.Random, nid: str, earlier: list[str]) -> sp.NodeDraft:
+def _draft(rng: random.Random, nid: str, earlier: list[str]) -> sp.plan.NodeDraft:
     inputs: list[Any] = []
     for _ in range(rng.randrange(4)):
         r = rng.random()
         if earlier and r < 0.35:
             path = [rng.choice(_KEYS) for _ in range(rng.randrange(3))]
-            inputs.append(sp.Ref(rng.choice(earlier), path=path))
+            inputs.append(sp.plan.Ref(rng.choice(earlier), path=path))
         elif earlier and r < 0.6:
-            inputs.append(sp.Pending(rng.choice(earlier)))
+            inputs.append(sp.plan.Pending(rng.choice(earlier)))
         else:
-            inputs.append(sp.Literal(_json(rng)))
+            inputs.append(sp.plan.Value(_json(rng)))
     kw: dict[str, Any] = {}
     if rng.random() < 0.8:
         kw["body"] = _json(rng)
@@ -105,7 +105,7 @@ def _draft(rng: random.Random, nid: str, earlier: list[str]) -> sp.NodeDraft:
         kw["approval"] = {"who": rng.choice(_STRS), "n": _json(rng)}
     if rng.random() < 0.1:
         kw["wait"] = {"seconds": rng.choice(_INTS + _FLOATS)}
-    return sp.node(nid, inputs=inputs, **kw)
+    return sp.plan.node(nid, inputs=inputs, **kw)
 
 
 def _ids(rng: random.Random, n: int, taken: set[str]) -> list[str]:
@@ -118,25 +118,25 @@ def _ids(rng: random.Random, n: int, taken: set[str]) -> list[str]:
     return out
 
 
-def _plan_generations(rng: random.Random, seed: int) -> list[sp.Plan]:
+def _plan_generations(rng: random.Random, seed: int) -> list[sp.plan.Plan]:
     taken: set[str] = set()
     n = rng.randrange(1, 30)
     ids = _ids(rng, n, taken)
     drafts = [_draft(rng, nid, ids[:i]) for i, nid in enumerate(ids)]
     rng.shuffle(drafts)  # declaration order is not dependency order: exercises the topological sort
-    plan = sp.compile_plan(f"plan-{seed}", rng.choice(["ci/build", "flow", "𝔸/é"]), drafts, 10_000)
+    plan = sp.plan.compile_plan(f"plan-{seed}", rng.choice(["ci/build", "flow", "𝔸/é"]), drafts, 10_000)
     out = [plan]
     for _ in range(rng.randrange(3)):
         new = _ids(rng, rng.randrange(1, 6), taken)
         existing = [x.id for x in plan.nodes]
         grown = [_draft(rng, nid, existing + new[:i]) for i, nid in enumerate(new)]
         rng.shuffle(grown)
-        plan = sp.append_plan(plan, grown)
+        plan = sp.plan.append_plan(plan, grown)
         out.append(plan)
     return out
 
 
-def _bypass(draft: sp.NodeDraft, **effects: Any) -> sp.NodeDraft:
+def _bypass(draft: sp.plan.NodeDraft, **effects: Any) -> sp.plan.NodeDraft:
     return draft.model_copy(update={"effects": draft.effects.model_copy(update=effects)})
 
 
@@ -149,13 +149,13 @@ def _refused(rng: random.Random, seed: int) -> None:
     victim = drafts[k]
     flaw = seed % 11
     if flaw == 0:
-        drafts.append(sp.node(victim.id))
+        drafts.append(sp.plan.node(victim.id))
     elif flaw == 1:
-        drafts[k] = sp.node(victim.id, inputs=[sp.Ref("ghost-" + str(seed))])
+        drafts[k] = sp.plan.node(victim.id, inputs=[sp.plan.Ref("ghost-" + str(seed))])
     elif flaw == 2:
-        drafts[0] = sp.node(ids[0], inputs=[sp.Pending(ids[-1])])
-        drafts[-1] = sp.node(
-            ids[-1], inputs=[sp.Ref(ids[0])] + ([sp.Pending(ids[1])] if len(ids) > 2 else [])
+        drafts[0] = sp.plan.node(ids[0], inputs=[sp.plan.Pending(ids[-1])])
+        drafts[-1] = sp.plan.node(
+            ids[-1], inputs=[sp.plan.Ref(ids[0])] + ([sp.plan.Pending(ids[1])] if len(ids) > 2 else [])
         )
     elif flaw == 3:
         drafts[k] = _bypass(victim, writes=("/etc/passwd",))
@@ -166,8 +166,8 @@ def _refused(rng: random.Random, seed: int) -> None:
     elif flaw == 6:
         drafts[k] = _bypass(victim, writes=(".git/hooks/pre-commit",))
     elif flaw == 7:
-        drafts.append(sp.node("w1", writes=["shared/"]))
-        drafts.append(sp.node("w2", writes=["shared/f"], conflict="fail"))
+        drafts.append(sp.plan.node("w1", writes=["shared/"]))
+        drafts.append(sp.plan.node("w2", writes=["shared/f"], conflict="fail"))
     elif flaw == 8:
         bad = victim.model_copy(
             update={"material": victim.material.model_copy(update={"body": [float("nan")]})}
@@ -180,7 +180,7 @@ def _refused(rng: random.Random, seed: int) -> None:
         drafts[k] = bad
     rng.shuffle(drafts)
     maximum = len(drafts) - 1 if flaw == 10 else 10_000
-    sp.compile_plan(f"refused-{seed}", "flow", drafts, maximum)
+    sp.plan.compile_plan(f"refused-{seed}", "flow", drafts, maximum)
 
 
 #: Declarations ``node()`` must refuse, each with the exact refusal it always gave (code, message, details).
@@ -221,7 +221,7 @@ DECLARATION_REFUSALS: list[dict[str, Any]] = [
 def declaration_refusal(i: int) -> Any:
     """The ``to_dict()`` of the refusal of ``DECLARATION_REFUSALS[i]`` (or None when it was accepted)."""
     try:
-        sp.node(**DECLARATION_REFUSALS[i])
+        sp.plan.node(**DECLARATION_REFUSALS[i])
     except SmthrsError as exc:
         return {"refused": type(exc).__name__, **exc.to_dict()}
     return None
@@ -248,10 +248,13 @@ def fingerprint(seed: int) -> str:
 def bench_digest(shape: str, n: int) -> str:
     """Digest of the benchmark's plan shape (benchmarks/graph.py) at ``n`` nodes."""
     if shape == "chain":
-        drafts = [sp.node(f"n{i}", body=i, inputs=[sp.Pending(f"n{i - 1}")] if i else []) for i in range(n)]
+        drafts = [
+            sp.plan.node(f"n{i}", body=i, inputs=[sp.plan.Pending(f"n{i - 1}")] if i else [])
+            for i in range(n)
+        ]
     else:
-        drafts = [sp.node(f"n{i}", body=i, kind="agent" if i % 4 == 0 else "step") for i in range(n)]
-    return sp.compile_plan(f"bench-{shape}", "bench", drafts, maximum_plan_nodes=n).digest
+        drafts = [sp.plan.node(f"n{i}", body=i, kind="agent" if i % 4 == 0 else "step") for i in range(n)]
+    return sp.plan.compile_plan(f"bench-{shape}", "bench", drafts, maximum_plan_nodes=n).digest
 
 
 if __name__ == "__main__":

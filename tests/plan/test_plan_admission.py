@@ -15,12 +15,14 @@ from smthrs_plugin.plan import Admission, Concurrency, RuntimeGraph
 
 
 def test_aging_lets_a_low_priority_node_overtake_an_urgent_chain() -> None:
-    drafts = [sp.node("waiting", body="w", priority=0)]
+    drafts = [sp.plan.node("waiting", body="w", priority=0)]
     drafts += [
-        sp.node(f"urgent-{i}", body=i, priority=2, inputs=[sp.Pending(f"urgent-{i - 1}")] if i else [])
+        sp.plan.node(
+            f"urgent-{i}", body=i, priority=2, inputs=[sp.plan.Pending(f"urgent-{i - 1}")] if i else []
+        )
         for i in range(5)
     ]
-    plan = sp.compile_plan("p", "f", drafts)
+    plan = sp.plan.compile_plan("p", "f", drafts)
     graph = RuntimeGraph(plan)
     admission = Admission({"steps": 1})
     for node_id in graph.initial.ready:

@@ -44,7 +44,7 @@ _json = st.recursive(
 )
 
 
-def _with(draft: sp.NodeDraft, **material: Any) -> sp.NodeDraft:
+def _with(draft: sp.plan.NodeDraft, **material: Any) -> sp.plan.NodeDraft:
     """``draft`` with key material replaced *without* validation: what a hostile or buggy caller could build."""
     return draft.model_copy(update={"material": draft.material.model_copy(update=material)})
 
@@ -63,7 +63,7 @@ def _same(public: Any, reference: Any, composed: Any) -> None:
     assert composed() == want
 
 
-def _key(draft: sp.NodeDraft, up: dict[str, str]) -> None:
+def _key(draft: sp.plan.NodeDraft, up: dict[str, str]) -> None:
     _same(
         lambda: plan_key(draft, up),
         lambda: _plan_key_reference(draft, up),
@@ -72,9 +72,14 @@ def _key(draft: sp.NodeDraft, up: dict[str, str]) -> None:
 
 
 _UP = {"up": "key1_" + "a" * 64, "other": "key1_" + "b" * 64}
-_BASE = sp.node(
+_BASE = sp.plan.node(
     "n",
-    inputs=[sp.Pending("up"), sp.Ref("other"), sp.Ref("up", path=["value", "é"]), sp.Literal(1)],
+    inputs=[
+        sp.plan.Pending("up"),
+        sp.plan.Ref("other"),
+        sp.plan.Ref("up", path=["value", "é"]),
+        sp.plan.Value(1),
+    ],
     writes=["out/", "src/**/*.py"],
     reads=["src/a.py", "docs/"],
 )
@@ -85,7 +90,7 @@ _BASE = sp.node(
 def test_plan_key_equals_the_reference_for_any_body_literal_and_spec(
     body: Any, literal: Any, approval: Any
 ) -> None:
-    inputs = (*_BASE.material.inputs, sp.Literal.model_construct(value=literal))
+    inputs = (*_BASE.material.inputs, sp.plan.Value.model_construct(value=literal))
     draft = _with(_BASE, body=body, inputs=inputs).model_copy(update={"approval": approval})
     _key(draft, _UP)
 
@@ -101,7 +106,7 @@ def test_plan_key_equals_the_reference_for_any_layers_capabilities_and_paths(
     layers: list[str], caps: dict[str, list[str]], path: list[str], nondeterministic: Any
 ) -> None:
     inputs = (
-        sp.Ref.model_construct(from_="up", path=tuple(path)),
+        sp.plan.Ref.model_construct(from_="up", path=tuple(path)),
     ) * 12  # > 10 inputs: "10" sorts before "2"
     draft = _with(
         _BASE,
@@ -118,7 +123,7 @@ def test_the_depth_limit_counts_where_the_value_sits_in_the_whole_document(extra
     # a body sits 2 containers deep in the key document, a literal value 3: the limit must bite at the same depth
     for depth_in_doc, make in (
         (2, lambda v: _with(_BASE, body=v)),
-        (3, lambda v: _with(_BASE, inputs=(sp.Literal.model_construct(value=v),))),
+        (3, lambda v: _with(_BASE, inputs=(sp.plan.Value.model_construct(value=v),))),
     ):
         value: Any = 0
         for _ in range(MAX_DEPTH - depth_in_doc + extra):
@@ -155,5 +160,7 @@ def test_effects_text_equals_the_canonical_effects_json() -> None:
     for _ in range(300):
         reads = golden_plans._entries(rng, golden_plans._READS, 4)
         writes = golden_plans._entries(rng, golden_plans._PRODUCED, 3)
-        effects = sp.node("e", reads=reads, writes=writes, boundary=rng.choice(["hard", "expected"])).effects
+        effects = sp.plan.node(
+            "e", reads=reads, writes=writes, boundary=rng.choice(["hard", "expected"])
+        ).effects
         assert _canon.effects(effects) == canonical_bytes(effects_json(effects)).decode("utf-8")

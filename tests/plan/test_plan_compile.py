@@ -31,17 +31,19 @@ def _deps(plan: Plan) -> dict[str, tuple[str, ...]]:
 def test_readme_example() -> None:
     import smthrs_plugin as sp
 
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         plan_id="release-1.4",
         flow="ci/release",
         nodes=[
-            sp.node("test", body={"run": "pytest -q"}, inputs=[sp.Pending("build")], reads=["src/**"]),
-            sp.node("build", body={"run": "python -m build"}, reads=["src/**"], writes=["dist/"]),
-            sp.node(
+            sp.plan.node(
+                "test", body={"run": "pytest -q"}, inputs=[sp.plan.Pending("build")], reads=["src/**"]
+            ),
+            sp.plan.node("build", body={"run": "python -m build"}, reads=["src/**"], writes=["dist/"]),
+            sp.plan.node(
                 "deploy",
                 body={"run": "./deploy.sh"},
                 tier="irreversible",
-                inputs=[sp.Pending("test")],
+                inputs=[sp.plan.Pending("test")],
                 reads=["dist/"],
             ),
         ],
@@ -50,42 +52,42 @@ def test_readme_example() -> None:
     assert plan.node("deploy").depends_on == ("test",)  # reads dist/ but build is already an ancestor
     assert plan.generation == 0 and plan.digest == plan.base_digest
 
-    graph = sp.RuntimeGraph(plan)
+    graph = sp.plan.RuntimeGraph(plan)
     assert graph.ready() == ("build",)
     graph.start("build")
     assert graph.settle("build", "failed").settled[-1].outcome == "skipped"  # the failed cone is skipped
     assert graph.outcomes() == {"build": "failed", "test": "skipped", "deploy": "skipped"}
 
-    grown = sp.append_plan(plan, [sp.node("notify", inputs=[sp.Pending("deploy")])])
+    grown = sp.plan.append_plan(plan, [sp.plan.node("notify", inputs=[sp.plan.Pending("deploy")])])
     assert grown.generation == 1 and grown.base_digest == plan.digest
-    sp.verify_plan(grown)
+    sp.plan.verify_plan(grown)
 
 
-def _dag_drafts() -> list[sp.NodeDraft]:
+def _dag_drafts() -> list[sp.plan.NodeDraft]:
     return [
-        sp.node("a"),
-        sp.node("b", inputs=[sp.Ref("a")]),
-        sp.node("c", inputs=[sp.Ref("a"), sp.Pending("b")]),
-        sp.node("d", inputs=[sp.Pending("c")]),
-        sp.node("e"),
-        sp.node("f", inputs=[sp.Ref("e"), sp.Ref("d", path=["x"])]),
+        sp.plan.node("a"),
+        sp.plan.node("b", inputs=[sp.plan.Ref("a")]),
+        sp.plan.node("c", inputs=[sp.plan.Ref("a"), sp.plan.Pending("b")]),
+        sp.plan.node("d", inputs=[sp.plan.Pending("c")]),
+        sp.plan.node("e"),
+        sp.plan.node("f", inputs=[sp.plan.Ref("e"), sp.plan.Ref("d", path=["x"])]),
     ]
 
 
 def test_plan_order_is_dfs_post_order_in_declaration_order() -> None:
     drafts = _dag_drafts()
     order = [drafts[i] for i in (5, 3, 0, 1, 2, 4)]  # f, d, a, b, c, e
-    plan = sp.compile_plan("p", "f", order)
+    plan = sp.plan.compile_plan("p", "f", order)
     assert [n.id for n in plan.nodes] == ["e", "a", "b", "c", "d", "f"]
     assert [n.position for n in plan.nodes] == list(range(6))
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_shuffled_declarations_give_a_topological_order_and_identical_keys(seed: int) -> None:
-    reference = sp.compile_plan("p", "f", _dag_drafts())
+    reference = sp.plan.compile_plan("p", "f", _dag_drafts())
     drafts = _dag_drafts()
     random.Random(seed).shuffle(drafts)
-    plan = sp.compile_plan("p", "f", drafts)
+    plan = sp.plan.compile_plan("p", "f", drafts)
     pos = {n.id: n.position for n in plan.nodes}
     assert all(pos[d] < pos[n.id] for n in plan.nodes for d in n.depends_on)
     assert {n.id: n.key for n in plan.nodes} == {n.id: n.key for n in reference.nodes}
@@ -95,24 +97,24 @@ def test_shuffled_declarations_give_a_topological_order_and_identical_keys(seed:
 
 
 def test_duplicate_node() -> None:
-    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), sp.node("a")])
+    err = _code(sp.plan.compile_plan, "p", "f", [sp.plan.node("a"), sp.plan.node("a")])
     assert err.code == "duplicate_node" and "'a'" in err.message
 
 
 def test_unknown_dependency() -> None:
-    err = _code(sp.compile_plan, "p", "f", [sp.node("a", inputs=[sp.Ref("ghost")])])
+    err = _code(sp.plan.compile_plan, "p", "f", [sp.plan.node("a", inputs=[sp.plan.Ref("ghost")])])
     assert err.code == "unknown_dependency" and "'ghost'" in err.message and "'a'" in err.message
 
 
 def test_cycle_names_the_cycle() -> None:
     err = _code(
-        sp.compile_plan,
+        sp.plan.compile_plan,
         "p",
         "f",
         [
-            sp.node("a", inputs=[sp.Pending("c")]),
-            sp.node("b", inputs=[sp.Ref("a")]),
-            sp.node("c", inputs=[sp.Ref("b")]),
+            sp.plan.node("a", inputs=[sp.plan.Pending("c")]),
+            sp.plan.node("b", inputs=[sp.plan.Ref("a")]),
+            sp.plan.node("c", inputs=[sp.plan.Ref("b")]),
         ],
     )
     assert err.code == "cycle"
@@ -120,36 +122,38 @@ def test_cycle_names_the_cycle() -> None:
 
 
 def test_self_dependency_is_a_cycle() -> None:
-    assert _code(sp.compile_plan, "p", "f", [sp.node("a", inputs=[sp.Ref("a")])]).code == "cycle"
+    assert (
+        _code(sp.plan.compile_plan, "p", "f", [sp.plan.node("a", inputs=[sp.plan.Ref("a")])]).code == "cycle"
+    )
 
 
 def test_invalid_effects_even_when_a_draft_bypassed_validation() -> None:
-    good = sp.node("a", writes=["out/x"])
+    good = sp.plan.node("a", writes=["out/x"])
     smuggled = good.model_copy(update={"effects": good.effects.model_copy(update={"writes": ("../escape",)})})
-    err = _code(sp.compile_plan, "p", "f", [smuggled])
+    err = _code(sp.plan.compile_plan, "p", "f", [smuggled])
     assert err.code == "invalid_effects" and "'a'" in err.message
     both = good.model_copy(update={"effects": good.effects.model_copy(update={"removes": ("out/x",)})})
-    assert _code(sp.compile_plan, "p", "f", [both]).code == "invalid_effects"
+    assert _code(sp.plan.compile_plan, "p", "f", [both]).code == "invalid_effects"
 
 
 def test_overlap_forbidden_when_either_side_says_fail() -> None:
     err = _code(
-        sp.compile_plan,
+        sp.plan.compile_plan,
         "p",
         "f",
-        [sp.node("a", writes=["out/"]), sp.node("b", writes=["out/x"], conflict="fail")],
+        [sp.plan.node("a", writes=["out/"]), sp.plan.node("b", writes=["out/x"], conflict="fail")],
     )
     assert err.code == "overlap_forbidden"
     assert "'a'" in err.message and "'b'" in err.message and "Pending('a')" in err.message
 
 
 def test_fail_strategy_is_fine_when_the_pair_is_already_ordered() -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("a", writes=["out/"], conflict="fail"),
-            sp.node("b", writes=["out/x"], inputs=[sp.Pending("a")]),
+            sp.plan.node("a", writes=["out/"], conflict="fail"),
+            sp.plan.node("b", writes=["out/x"], inputs=[sp.plan.Pending("a")]),
         ],
     )
     assert plan.node("b").conflicts == ()
@@ -166,26 +170,36 @@ def test_fail_strategy_is_fine_when_the_pair_is_already_ordered() -> None:
     ],
 )
 def test_invalid_plan_identity(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
-    assert _code(sp.compile_plan, *args, **kwargs).code == "invalid_plan"
+    assert _code(sp.plan.compile_plan, *args, **kwargs).code == "invalid_plan"
 
 
 def test_invalid_node_for_a_non_draft() -> None:
-    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), {"id": "b"}])
+    err = _code(sp.plan.compile_plan, "p", "f", [sp.plan.node("a"), {"id": "b"}])
     assert err.code == "invalid_node" and "#1" in err.message
 
 
 def test_over_maximum_plan_nodes_is_elaboration_failed() -> None:
-    err = _code(sp.compile_plan, "p", "f", [sp.node("a"), sp.node("b"), sp.node("c")], maximum_plan_nodes=2)
+    err = _code(
+        sp.plan.compile_plan,
+        "p",
+        "f",
+        [sp.plan.node("a"), sp.plan.node("b"), sp.plan.node("c")],
+        maximum_plan_nodes=2,
+    )
     assert err.code == "elaboration_failed" and "maximum_plan_nodes=2" in err.message
-    plan = sp.compile_plan("p", "f", [sp.node("a"), sp.node("b")], maximum_plan_nodes=2)
-    assert _code(sp.append_plan, plan, [sp.node("merge", kind="merge")]).code == "elaboration_failed"
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a"), sp.plan.node("b")], maximum_plan_nodes=2)
+    assert (
+        _code(sp.plan.append_plan, plan, [sp.plan.node("merge", kind="merge")]).code == "elaboration_failed"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- annotation
 
 
 def test_serialize_adds_an_edge_from_the_later_writer_to_the_earlier() -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", writes=["out/x"]), sp.node("b", writes=["out/"])])
+    plan = sp.plan.compile_plan(
+        "p", "f", [sp.plan.node("a", writes=["out/x"]), sp.plan.node("b", writes=["out/"])]
+    )
     assert plan.node("b").depends_on == ("a",)
     [c] = plan.node("b").conflicts
     assert (c.with_, c.strategy, c.runtime) == ("a", "serialize", "delay-rebase")
@@ -193,12 +207,12 @@ def test_serialize_adds_an_edge_from_the_later_writer_to_the_earlier() -> None:
 
 
 def test_lane_annotates_without_an_edge_and_stop_merge_wins_the_runtime() -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("a", writes=["out/x"], runtime="stop-merge"),
-            sp.node("b", writes=["out/x"], conflict="lane"),
+            sp.plan.node("a", writes=["out/x"], runtime="stop-merge"),
+            sp.plan.node("b", writes=["out/x"], conflict="lane"),
         ],
     )
     assert plan.node("b").depends_on == ()
@@ -207,33 +221,33 @@ def test_lane_annotates_without_an_edge_and_stop_merge_wins_the_runtime() -> Non
 
 
 def test_serialized_writers_form_a_chain_not_a_clique() -> None:
-    plan = sp.compile_plan("p", "f", [sp.node(f"w{i}", writes=["out/x"]) for i in range(4)])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node(f"w{i}", writes=["out/x"]) for i in range(4)])
     assert _deps(plan) == {"w0": (), "w1": ("w0",), "w2": ("w1",), "w3": ("w2",)}
 
 
 def test_reader_after_writer_edge_and_source_reads_before_a_later_writer() -> None:
-    plan = sp.compile_plan(
+    plan = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("gen", writes=["src/gen.py"]),
-            sp.node("lint", reads=["src/**"]),  # later than gen: must observe gen's output
-            sp.node("late", writes=["docs/x"], inputs=[sp.Pending("lint")]),
-            sp.node("early", reads=["docs/x"]),  # declared before nothing orders it after 'late'...
+            sp.plan.node("gen", writes=["src/gen.py"]),
+            sp.plan.node("lint", reads=["src/**"]),  # later than gen: must observe gen's output
+            sp.plan.node("late", writes=["docs/x"], inputs=[sp.plan.Pending("lint")]),
+            sp.plan.node("early", reads=["docs/x"]),  # declared before nothing orders it after 'late'...
         ],
     )
     assert plan.node("lint").depends_on == ("gen",)
     # 'early' comes after 'late' in plan order (declaration order), so it is a reader after a writer too
     assert plan.node("early").depends_on == ("late",)
-    source = sp.compile_plan(
-        "p", "f", [sp.node("early", reads=["docs/x"]), sp.node("late", writes=["docs/x"])]
+    source = sp.plan.compile_plan(
+        "p", "f", [sp.plan.node("early", reads=["docs/x"]), sp.plan.node("late", writes=["docs/x"])]
     )
     # a read before an explicitly later writer stays a source read
     assert source.node("early").depends_on == ()
 
 
 def test_a_node_reading_its_own_output_gets_no_self_edge() -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", reads=["out/x"], writes=["out/x"])])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", reads=["out/x"], writes=["out/x"])])
     assert plan.node("a").depends_on == ()
 
 
@@ -241,23 +255,23 @@ def test_a_node_reading_its_own_output_gets_no_self_edge() -> None:
 
 
 def _base() -> Plan:
-    return sp.compile_plan(
+    return sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("a", writes=["out/x"]),
-            sp.node("b", inputs=[sp.Ref("a")], writes=["out/y"], runtime="stop-merge"),
+            sp.plan.node("a", writes=["out/x"]),
+            sp.plan.node("b", inputs=[sp.plan.Ref("a")], writes=["out/y"], runtime="stop-merge"),
         ],
     )
 
 
 def test_append_freezes_earlier_nodes_keeps_base_digest_and_bumps_generation() -> None:
     base = _base()
-    grown = sp.append_plan(
+    grown = sp.plan.append_plan(
         base,
         [
-            sp.node("b+merge", kind="merge", inputs=[sp.Pending("b")], writes=["out/y"]),
-            sp.node("c", writes=["out/x"]),  # a new writer of what 'a' wrote
+            sp.plan.node("b+merge", kind="merge", inputs=[sp.plan.Pending("b")], writes=["out/y"]),
+            sp.plan.node("c", writes=["out/x"]),  # a new writer of what 'a' wrote
         ],
     )
     assert grown.nodes[: len(base.nodes)] == base.nodes
@@ -267,18 +281,21 @@ def test_append_freezes_earlier_nodes_keeps_base_digest_and_bumps_generation() -
     assert grown.node("c").depends_on == ("a",)  # the serialize edge lands on the new node...
     assert [c.with_ for c in grown.node("c").conflicts] == ["a"]
     assert grown.node("a") == base.node("a")  # ...and 'a' is not re-annotated
-    again = sp.append_plan(grown, [sp.node("d", inputs=[sp.Pending("c")])])
+    again = sp.plan.append_plan(grown, [sp.plan.node("d", inputs=[sp.plan.Pending("c")])])
     assert again.generation == 2 and again.base_digest == base.digest
-    assert sp.verify_plan(again) is again
+    assert sp.plan.verify_plan(again) is again
 
 
 def test_append_refuses_duplicates_cycles_and_empty_generations() -> None:
     base = _base()
-    assert _code(sp.append_plan, base, [sp.node("a")]).code == "duplicate_node"
-    cyc = [sp.node("x", inputs=[sp.Ref("y")]), sp.node("y", inputs=[sp.Ref("x")])]
-    assert _code(sp.append_plan, base, cyc).code == "cycle"
-    assert _code(sp.append_plan, base, []).code == "invalid_plan"
-    assert _code(sp.append_plan, base, [sp.node("z", inputs=[sp.Ref("nope")])]).code == "unknown_dependency"
+    assert _code(sp.plan.append_plan, base, [sp.plan.node("a")]).code == "duplicate_node"
+    cyc = [sp.plan.node("x", inputs=[sp.plan.Ref("y")]), sp.plan.node("y", inputs=[sp.plan.Ref("x")])]
+    assert _code(sp.plan.append_plan, base, cyc).code == "cycle"
+    assert _code(sp.plan.append_plan, base, []).code == "invalid_plan"
+    assert (
+        _code(sp.plan.append_plan, base, [sp.plan.node("z", inputs=[sp.plan.Ref("nope")])]).code
+        == "unknown_dependency"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -291,7 +308,7 @@ def _replace_node(plan: Plan, i: int, **update: object) -> Plan:
 
 
 def test_verify_refuses_a_tampered_key_digest_edge_or_annotation() -> None:
-    grown = sp.append_plan(_base(), [sp.node("c", writes=["out/x"])])
+    grown = sp.plan.append_plan(_base(), [sp.plan.node("c", writes=["out/x"])])
     other_key = grown.nodes[0].key
     tampered = [
         _replace_node(grown, 1, key=other_key),
@@ -306,33 +323,34 @@ def test_verify_refuses_a_tampered_key_digest_edge_or_annotation() -> None:
         grown.model_copy(update={"nodes": grown.nodes[::-1]}),
     ]
     for plan in tampered:
-        err = _code(sp.verify_plan, plan)
+        err = _code(sp.plan.verify_plan, plan)
         assert err.code == "invalid_plan"
 
 
 def test_verify_refuses_a_body_mutated_in_place_after_compile() -> None:
-    plan = sp.compile_plan("p", "f", [sp.node("a", body={"cmd": "make"})])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body={"cmd": "make"})])
     plan.nodes[0].draft.material.body["cmd"] = "rm -rf /"
-    err = _code(sp.verify_plan, plan)
+    err = _code(sp.plan.verify_plan, plan)
     assert err.code == "invalid_plan" and "'a'" in err.message and "key" in err.message
 
 
 def test_priority_enters_the_digest_exactly_even_beyond_the_safe_range() -> None:
     assert priority_json(2**53 - 1) == 2**53 - 1 and priority_json(2**53) == str(2**53)
     digests = {
-        sp.compile_plan("p", "f", [sp.node("a", priority=p)]).digest for p in (2**53, 2**53 + 1, -(2**53), 0)
+        sp.plan.compile_plan("p", "f", [sp.plan.node("a", priority=p)]).digest
+        for p in (2**53, 2**53 + 1, -(2**53), 0)
     }
     assert len(digests) == 4
 
 
 def test_digest_covers_identity_order_and_scheduling_fields() -> None:
-    d = [sp.node("a"), sp.node("b")]
-    base = sp.compile_plan("p", "f", d).digest
-    assert base != sp.compile_plan("q", "f", d).digest
-    assert base != sp.compile_plan("p", "g", d).digest
-    assert base != sp.compile_plan("p", "f", d[::-1]).digest
-    assert base != sp.compile_plan("p", "f", [sp.node("a", priority=1), sp.node("b")]).digest
-    nodes: tuple[PlanNode, ...] = sp.compile_plan("p", "f", d).nodes
+    d = [sp.plan.node("a"), sp.plan.node("b")]
+    base = sp.plan.compile_plan("p", "f", d).digest
+    assert base != sp.plan.compile_plan("q", "f", d).digest
+    assert base != sp.plan.compile_plan("p", "g", d).digest
+    assert base != sp.plan.compile_plan("p", "f", d[::-1]).digest
+    assert base != sp.plan.compile_plan("p", "f", [sp.plan.node("a", priority=1), sp.plan.node("b")]).digest
+    nodes: tuple[PlanNode, ...] = sp.plan.compile_plan("p", "f", d).nodes
     assert plan_digest("p", "f", nodes) == base
 
 

@@ -17,9 +17,10 @@ from smthrs_plugin.plan import Admission, Plan, Propagation, RuntimeGraph
 
 def _plan(deps: list[list[int]], maximum: int = 10_000) -> Plan:
     drafts = [
-        sp.node(f"n{i}", body={"i": i}, inputs=[sp.Pending(f"n{d}") for d in ds]) for i, ds in enumerate(deps)
+        sp.plan.node(f"n{i}", body={"i": i}, inputs=[sp.plan.Pending(f"n{d}") for d in ds])
+        for i, ds in enumerate(deps)
     ]
-    return sp.compile_plan("p", "f", drafts, maximum_plan_nodes=maximum)
+    return sp.plan.compile_plan("p", "f", drafts, maximum_plan_nodes=maximum)
 
 
 OUTCOME = st.sampled_from(["built", "clean", "failed", "skipped", "deferred"])
@@ -239,8 +240,13 @@ def test_extend_keeps_earlier_states_and_wires_new_nodes_to_settled_ones() -> No
     g.start("n0")
     g.settle("n0", "failed")
     g.start("n1")
-    grown = sp.append_plan(
-        plan, [sp.node("x", inputs=[sp.Pending("n0")]), sp.node("y", inputs=[sp.Pending("n1")]), sp.node("z")]
+    grown = sp.plan.append_plan(
+        plan,
+        [
+            sp.plan.node("x", inputs=[sp.plan.Pending("n0")]),
+            sp.plan.node("y", inputs=[sp.plan.Pending("n1")]),
+            sp.plan.node("z"),
+        ],
     )
     prop = g.extend(grown)
     assert [(s.node, s.outcome) for s in prop.settled] == [("x", "skipped")]

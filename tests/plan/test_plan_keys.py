@@ -20,25 +20,30 @@ from smthrs_plugin.plan import (
 )
 
 
-def _plan(*drafts: sp.NodeDraft) -> sp.Plan:
-    return sp.compile_plan("p", "f", list(drafts))
+def _plan(*drafts: sp.plan.NodeDraft) -> sp.plan.Plan:
+    return sp.plan.compile_plan("p", "f", list(drafts))
 
 
-def _dk(draft: sp.NodeDraft, results: dict[str, object], **kw: object) -> str:
+def _dk(draft: sp.plan.NodeDraft, results: dict[str, object], **kw: object) -> str:
     return dispatch_key(draft, ref_values=resolve_refs(draft, results), read_set=kw.pop("read_set", []), **kw)  # type: ignore[arg-type]
 
 
 def test_renaming_a_node_keeps_its_key() -> None:
-    a = _plan(sp.node("fetch", body={"u": 1}), sp.node("build", body={"c": 2}, inputs=[sp.Ref("fetch")]))
-    b = _plan(sp.node("get", body={"u": 1}), sp.node("make", body={"c": 2}, inputs=[sp.Ref("get")]))
+    a = _plan(
+        sp.plan.node("fetch", body={"u": 1}),
+        sp.plan.node("build", body={"c": 2}, inputs=[sp.plan.Ref("fetch")]),
+    )
+    b = _plan(
+        sp.plan.node("get", body={"u": 1}), sp.plan.node("make", body={"c": 2}, inputs=[sp.plan.Ref("get")])
+    )
     assert [n.key for n in a.nodes] == [n.key for n in b.nodes]
     assert all(is_key(n.key) for n in a.nodes)
 
 
 def test_upstream_body_edit_changes_plan_key_but_not_dispatch_key_when_projection_is_equal() -> None:
-    down = sp.node("build", body={"c": 2}, inputs=[sp.Ref("fetch", path=["value"])])
-    v1 = _plan(sp.node("fetch", body={"url": "v1"}), down)
-    v2 = _plan(sp.node("fetch", body={"url": "v2"}), down)
+    down = sp.plan.node("build", body={"c": 2}, inputs=[sp.plan.Ref("fetch", path=["value"])])
+    v1 = _plan(sp.plan.node("fetch", body={"url": "v1"}), down)
+    v2 = _plan(sp.plan.node("fetch", body={"url": "v2"}), down)
     assert v1.node("build").key != v2.node("build").key  # transitive re-keying
     same = {"fetch": {"value": 42, "noise": "v1"}}
     other = {"fetch": {"value": 42, "noise": "v2"}}  # unprojected sibling fields do not matter
@@ -47,8 +52,8 @@ def test_upstream_body_edit_changes_plan_key_but_not_dispatch_key_when_projectio
 
 
 def test_pending_contributes_only_ordering_only_to_the_dispatch_key() -> None:
-    d1 = sp.node("t", body={"c": 1}, inputs=[sp.Pending("a")])
-    d2 = sp.node("t", body={"c": 1}, inputs=[sp.Pending("b")])
+    d1 = sp.plan.node("t", body={"c": 1}, inputs=[sp.plan.Pending("a")])
+    d2 = sp.plan.node("t", body={"c": 1}, inputs=[sp.plan.Pending("b")])
     assert _dk(d1, {}) == _dk(d2, {})
     assert resolve_refs(d1, {"a": {"secret": 1}}) == {}  # the executor never sees ordering-only values
     # ...while the plan key folds the upstream plan key
@@ -61,25 +66,25 @@ def test_absent_projection_hashes_differently_from_null() -> None:
     assert project({"a": [1]}, ["a", "b"]) is ABSENT  # non-object mid-path
     assert project(3, []) == 3
     assert input_value_digest(ABSENT) != input_value_digest(None)
-    d = sp.node("t", inputs=[sp.Ref("a", path=["b"])])
+    d = sp.plan.node("t", inputs=[sp.plan.Ref("a", path=["b"])])
     assert _dk(d, {"a": {"b": None}}) != _dk(d, {"a": {}})
 
 
 def test_absent_optional_fields_hash_differently_from_declared_ones() -> None:
     keys = {
-        plan_key(sp.node("a"), {}),
-        plan_key(sp.node("a", nondeterministic=False), {}),
-        plan_key(sp.node("a", nondeterministic=True), {}),
-        plan_key(sp.node("a", approval={"request": "ship"}), {}),
-        plan_key(sp.node("a", wait={"seconds": 1}), {}),
+        plan_key(sp.plan.node("a"), {}),
+        plan_key(sp.plan.node("a", nondeterministic=False), {}),
+        plan_key(sp.plan.node("a", nondeterministic=True), {}),
+        plan_key(sp.plan.node("a", approval={"request": "ship"}), {}),
+        plan_key(sp.plan.node("a", wait={"seconds": 1}), {}),
     }
     assert len(keys) == 5
-    d = sp.node("a")
+    d = sp.plan.node("a")
     assert _dk(d, {}) != _dk(d, {}, environment=None)  # omitted environment is an identity, not a wildcard
 
 
 def test_dispatch_key_folds_measured_reads_environment_and_hermetic_sets() -> None:
-    d = sp.node("a", reads=["src/**"], writes=["out/x"])
+    d = sp.plan.node("a", reads=["src/**"], writes=["out/x"])
     base = _dk(d, {}, read_set=[("src/b", "h2"), ("src/a", "h1")], environment={"py": "3.11"})
     assert base == _dk(d, {}, read_set=[("src/a", "h1"), ("src/b", "h2")], environment={"py": "3.11"})
     assert base != _dk(d, {}, read_set=[("src/a", "h1"), ("src/b", "h3")], environment={"py": "3.11"})
@@ -97,22 +102,24 @@ def test_dispatch_key_folds_measured_reads_environment_and_hermetic_sets() -> No
 
 
 def test_scheduling_fields_do_not_enter_keys() -> None:
-    a = sp.node("a", body={"x": 1})
-    b = sp.node("b", body={"x": 1}, priority=9, conflict="lane", runtime="stop-merge")
+    a = sp.plan.node("a", body={"x": 1})
+    b = sp.plan.node("b", body={"x": 1}, priority=9, conflict="lane", runtime="stop-merge")
     assert plan_key(a, {}) == plan_key(b, {})
     assert _dk(a, {}) == _dk(b, {})
 
 
 def test_layers_and_capabilities_are_keyed_as_sets_but_groups_matter() -> None:
-    k = plan_key(sp.node("a", layers=["b", "a", "a"], capabilities={"declared": ["y", "x"]}), {})
-    assert k == plan_key(sp.node("a", layers=["a", "b"], capabilities=["x", "y", "x"]), {})
-    assert k != plan_key(sp.node("a", layers=["a", "b"], capabilities={"other": ["x", "y"]}), {})
+    k = plan_key(sp.plan.node("a", layers=["b", "a", "a"], capabilities={"declared": ["y", "x"]}), {})
+    assert k == plan_key(sp.plan.node("a", layers=["a", "b"], capabilities=["x", "y", "x"]), {})
+    assert k != plan_key(sp.plan.node("a", layers=["a", "b"], capabilities={"other": ["x", "y"]}), {})
     # NFC: a precomposed and a decomposed e-acute are the same layer
-    assert plan_key(sp.node("a", layers=["\u00e9"]), {}) == plan_key(sp.node("a", layers=["e\u0301"]), {})
+    assert plan_key(sp.plan.node("a", layers=["\u00e9"]), {}) == plan_key(
+        sp.plan.node("a", layers=["e\u0301"]), {}
+    )
 
 
 def test_key_uncomputable_is_typed_never_weaker() -> None:
-    d = sp.node("t", inputs=[sp.Ref("a")])
+    d = sp.plan.node("t", inputs=[sp.plan.Ref("a")])
     with pytest.raises(SchedulerError) as err:
         dispatch_key(d, ref_values={}, read_set=[])
     assert err.value.code == "key_uncomputable"
@@ -128,7 +135,7 @@ def test_key_uncomputable_is_typed_never_weaker() -> None:
 
 def test_dispatch_memo_is_keyed_by_from_and_path() -> None:
     memo: dict[tuple[str, tuple[str, ...]], str] = {}
-    d = sp.node("t", inputs=[sp.Ref("a", path=["v"])])
+    d = sp.plan.node("t", inputs=[sp.plan.Ref("a", path=["v"])])
     k1 = dispatch_key(d, ref_values={0: 5}, read_set=[], memo=memo)
     assert memo == {("a", ("v",)): input_value_digest(5)}
     assert dispatch_key(d, ref_values={0: 5}, read_set=[], memo=memo) == k1
@@ -163,11 +170,11 @@ _declaration = st.fixed_dictionaries(
 )
 
 
-def _draft(decl: dict[str, object], node_id: str) -> sp.NodeDraft:
-    return sp.node(
+def _draft(decl: dict[str, object], node_id: str) -> sp.plan.NodeDraft:
+    return sp.plan.node(
         node_id,
         body=decl["body"],
-        inputs=[sp.Literal(v) for v in decl["literals"]],  # type: ignore[attr-defined]
+        inputs=[sp.plan.Value(v) for v in decl["literals"]],  # type: ignore[attr-defined]
         tier=decl["tier"],  # type: ignore[arg-type]
         kind=decl["kind"],  # type: ignore[arg-type]
         nondeterministic=decl["nondeterministic"],  # type: ignore[arg-type]

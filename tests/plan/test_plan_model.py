@@ -13,20 +13,20 @@ from smthrs_plugin.plan import Effects, KeyMaterial, NodeDraft, Plan
 
 def test_ref_and_pending_are_constructible_positionally_by_name_and_by_alias() -> None:
     assert (
-        sp.Ref("fetch", path=["value"])
-        == sp.Ref(from_="fetch", path=("value",))
-        == sp.Ref(**{"from": "fetch", "path": ["value"]})
+        sp.plan.Ref("fetch", path=["value"])
+        == sp.plan.Ref(from_="fetch", path=("value",))
+        == sp.plan.Ref(**{"from": "fetch", "path": ["value"]})
     )
-    assert sp.Pending("lint").from_ == "lint"
-    assert sp.Literal(None).value is None
-    assert sp.Ref("a").model_dump() == {"kind": "ref", "from": "a", "path": ()}
+    assert sp.plan.Pending("lint").from_ == "lint"
+    assert sp.plan.Value(None).value is None
+    assert sp.plan.Ref("a").model_dump() == {"kind": "ref", "from": "a", "path": ()}
 
 
 def test_node_builds_the_design_example() -> None:
-    d = sp.node(
+    d = sp.plan.node(
         "build",
         body={"cmd": "make"},
-        inputs=[sp.Ref("fetch", path=["value"]), sp.Pending("lint")],
+        inputs=[sp.plan.Ref("fetch", path=["value"]), sp.plan.Pending("lint")],
         reads=["src/**", "Makefile"],
         writes=["dist/"],
         removes=[],
@@ -43,14 +43,14 @@ def test_node_builds_the_design_example() -> None:
 @pytest.mark.parametrize("priority", [True, 1.0, "1", None])
 def test_priority_must_be_an_exact_int(priority: object) -> None:
     with pytest.raises(PlanError) as err:
-        sp.node("a", priority=priority)  # type: ignore[arg-type]
+        sp.plan.node("a", priority=priority)  # type: ignore[arg-type]
     assert err.value.code == "invalid_node"
     assert "'a'" in err.value.message and "priority" in err.value.message
 
 
 def test_priority_may_be_arbitrarily_large() -> None:
-    assert sp.node("a", priority=2**200).priority == 2**200
-    assert sp.node("a", priority=-(2**70)).priority == -(2**70)
+    assert sp.plan.node("a", priority=2**200).priority == 2**200
+    assert sp.plan.node("a", priority=-(2**70)).priority == -(2**70)
 
 
 @pytest.mark.parametrize(
@@ -77,36 +77,36 @@ def test_bad_declarations_are_refused_with_a_code_and_the_node_name(
     kwargs: dict[str, object], code: str
 ) -> None:
     with pytest.raises(PlanError) as err:
-        sp.node("n1", **kwargs)  # type: ignore[arg-type]
+        sp.plan.node("n1", **kwargs)  # type: ignore[arg-type]
     assert err.value.code == code
     assert "'n1'" in err.value.message
 
 
 def test_writes_and_removes_under_disjoint_prefixes_are_accepted() -> None:
-    d = sp.node("a", writes=["out/*.o"], removes=["tmp/*"])
+    d = sp.plan.node("a", writes=["out/*.o"], removes=["tmp/*"])
     assert len(d.effects.removes) == 1
 
 
 @pytest.mark.parametrize("bad", ["", 3, None, "a\x00b"])
 def test_node_ids_must_be_non_empty_strings(bad: object) -> None:
     with pytest.raises(PlanError) as err:
-        sp.node(bad)  # type: ignore[arg-type]
+        sp.plan.node(bad)  # type: ignore[arg-type]
     assert err.value.code == "invalid_node"
 
 
 def test_absent_optional_fields_are_omitted_never_null() -> None:
-    d = sp.node("a")
+    d = sp.plan.node("a")
     dumped = d.model_dump(mode="json")
     assert "approval" not in dumped and "wait" not in dumped
     assert "nondeterministic" not in dumped["material"]
     # ...while a Literal(None) keeps its null value
-    assert sp.Literal(None).model_dump() == {"kind": "literal", "value": None}
+    assert sp.plan.Value(None).model_dump() == {"kind": "literal", "value": None}
 
 
 def test_caller_mutation_after_construction_does_not_change_the_declaration() -> None:
     body = {"cmd": ["make", "all"]}
     value = {"k": [1]}
-    d = sp.node("a", body=body, inputs=[sp.Literal(value)])
+    d = sp.plan.node("a", body=body, inputs=[sp.plan.Value(value)])
     body["cmd"].append("evil")
     value["k"].append(2)
     assert d.material.body == {"cmd": ["make", "all"]}
@@ -114,21 +114,28 @@ def test_caller_mutation_after_construction_does_not_change_the_declaration() ->
 
 
 def test_plan_json_round_trip_is_lossless_and_verifies() -> None:
-    p = sp.compile_plan(
+    p = sp.plan.compile_plan(
         "p",
         "f",
         [
-            sp.node("a", body={"x": 1.5}, writes=["out/", {"include": ["gen/*.c"], "exclude": ["gen/x.c"]}]),
-            sp.node("b", inputs=[sp.Ref("a", path=["v"]), sp.Literal(None)], reads=["out/a"], priority=2**64),
-            sp.node(
-                "c", inputs=[sp.Pending("b")], wait={"seconds": 600}, nondeterministic=True, kind="agent"
+            sp.plan.node(
+                "a", body={"x": 1.5}, writes=["out/", {"include": ["gen/*.c"], "exclude": ["gen/x.c"]}]
+            ),
+            sp.plan.node(
+                "b",
+                inputs=[sp.plan.Ref("a", path=["v"]), sp.plan.Value(None)],
+                reads=["out/a"],
+                priority=2**64,
+            ),
+            sp.plan.node(
+                "c", inputs=[sp.plan.Pending("b")], wait={"seconds": 600}, nondeterministic=True, kind="agent"
             ),
         ],
     )
     data = json.loads(json.dumps(p.to_json()))
     back = Plan.from_json(data)
     assert back == p
-    assert sp.verify_plan(back) is back
+    assert sp.plan.verify_plan(back) is back
 
 
 def test_malformed_stored_plan_is_invalid_plan() -> None:
@@ -138,7 +145,7 @@ def test_malformed_stored_plan_is_invalid_plan() -> None:
 
 
 def test_models_are_frozen() -> None:
-    d = sp.node("a")
+    d = sp.plan.node("a")
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error
         d.priority = 3  # type: ignore[misc]
     assert isinstance(d, NodeDraft) and isinstance(d.material, KeyMaterial) and isinstance(d.effects, Effects)

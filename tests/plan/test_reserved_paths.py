@@ -37,15 +37,17 @@ def test_a_plan_node_reaching_a_reserved_directory_is_refused_at_compile(
     effects: dict[str, list[str]], reserved: str
 ) -> None:
     with pytest.raises(PlanError) as caught:
-        sp.compile_plan(plan_id="p", flow="f", nodes=[sp.node("n", body={"cmd": "x"}, **effects)])
+        sp.plan.compile_plan(plan_id="p", flow="f", nodes=[sp.plan.node("n", body={"cmd": "x"}, **effects)])
     assert caught.value.code == "invalid_effects" and "'n'" in caught.value.message
     assert f"reserved directory {reserved!r}" in caught.value.message
 
 
 def test_reading_reserved_paths_and_writing_everywhere_else_stay_allowed() -> None:
     Declaration.of(reads=[".git/HEAD", ".smthrs/config.json"], writes=["**", "dist/", "src/**/*.py", "git/x"])
-    sp.compile_plan(
-        plan_id="p", flow="f", nodes=[sp.node("n", body={"cmd": "x"}, reads=[".git/HEAD"], writes=["**/*.o"])]
+    sp.plan.compile_plan(
+        plan_id="p",
+        flow="f",
+        nodes=[sp.plan.node("n", body={"cmd": "x"}, reads=[".git/HEAD"], writes=["**/*.o"])],
     )
 
 

@@ -113,10 +113,10 @@ def bucket_objects(s: Saved) -> list[str]:
 
 # -- a one-node plan: the same in every workspace ---------------------------------------------------------------
 
-PLAN = sp.compile_plan(
+PLAN = sp.plan.compile_plan(
     "blocks",
     "ci/blocks",
-    [sp.node("upper", body={"cmd": "upper"}, reads=["src/in.txt"], writes=["out/up.txt"])],
+    [sp.plan.node("upper", body={"cmd": "upper"}, reads=["src/in.txt"], writes=["out/up.txt"])],
 )
 
 

@@ -344,7 +344,7 @@ def test_an_approval_that_cannot_reach_prefect_stands_is_reported_and_its_retry_
         control = rt.control()
         target = control.pending_requests(run_id)[0]
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{_closed_port()}/api"}):
-            assert isinstance(control.approve(target), sp.Accepted)  # the decision stands
+            assert isinstance(control.approve(target), sp.control.Accepted)  # the decision stands
         wake = control.last_host_wake()
         assert isinstance(wake, HostWakeFailed) and wake.host == "prefect" and wake.cause is not None
         assert flow_run_id in wake.detail and "Connection refused" in wake.detail
@@ -354,7 +354,7 @@ def test_an_approval_that_cannot_reach_prefect_stands_is_reported_and_its_retry_
         )  # woken durably: a smthrs worker could continue it now
         assert watch.state().is_paused()  # ... but Prefect was not told
         # The same decision again: replayed (AlreadyApplied), and the host is asked again — now reachable.
-        assert isinstance(control.approve(target), sp.AlreadyApplied)
+        assert isinstance(control.approve(target), sp.control.AlreadyApplied)
         assert isinstance(control.last_host_wake(), HostWoken)
     watch.until(served, "flow run Completed", _completed)
     _assert_one_run_each_step_once(served, flow_run_id, "down", "approved")
@@ -369,7 +369,7 @@ def test_cancelling_a_parked_deployed_run_ends_its_flow_run_cancelled_without_ru
     watch.until(served, "flow run Paused (Parked) on the approval", _parked("PAUSED"))
     with sp.open_runtime(served.workspace) as rt:
         control = rt.control()
-        assert isinstance(control.cancel(run_id), sp.Accepted)
+        assert isinstance(control.cancel(run_id), sp.control.Accepted)
         assert isinstance(
             control.last_host_wake(), HostWoken
         )  # Prefect runs it again, and it finds it cancelled

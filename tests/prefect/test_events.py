@@ -196,8 +196,8 @@ def _write(ni: sp.NodeInput) -> dict:
 def test_plan_nodes_emit_node_events_and_the_report_artifact_names_the_run_and_its_commands(
     ws: Path, prefect_api: str
 ) -> None:
-    nodes = [sp.node(n, body={"n": n}, writes=[f"{n}.txt"]) for n in ("a", "b")]
-    plan = sp.compile_plan("evplan", "tests/events", nodes)
+    nodes = [sp.plan.node(n, body={"n": n}, writes=[f"{n}.txt"]) for n in ("a", "b")]
+    plan = sp.plan.compile_plan("evplan", "tests/events", nodes)
     with sp.open_runtime(ws) as rt:
         report = run_plan_in_flow(rt, "ev-plan-1", plan, _write)
     assert set(report.outcomes.values()) == {"built"}

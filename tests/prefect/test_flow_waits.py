@@ -19,7 +19,9 @@ from prefect import flow
 
 import smthrs_plugin as sp
 from smthrs_plugin.control import NodeTarget
-from smthrs_plugin.engine.active_run import DriveParked, DriveSettled
+from smthrs_plugin.engine.cancellation import cancel_run
+from smthrs_plugin.engine.context import RunCancelled
+from smthrs_plugin.engine.driver import RunDriver
 from smthrs_plugin.engine.wait_records import TimerWait
 from smthrs_plugin.errors import WaitError
 from smthrs_plugin.hosts._steprun import current_spec
@@ -143,11 +145,11 @@ def test_a_sleep_beyond_the_budget_pauses_the_flow_run_and_a_driver_resumes_it_a
 
     # Driving it again before the deadline re-executes the flow: the step is served clean, the deadline is kept.
     early = sp.durable_run(nightly, run_id, budget_s=0)
-    assert isinstance(early, DriveParked) and early.wait == TimerWait(due, None)
+    assert isinstance(early, sp.DriveParked) and early.wait == TimerWait(due, None)
     assert EXECUTED == ["build:3"]
 
     due = let_the_deadline_pass(rt.db, run_id, "cool-down")  # the hour has passed, without waiting for it
-    driver = sp.RunDriver(rt.db, settings=rt.settings, wait_budget_s=0, tick_s=0.2)
+    driver = RunDriver(rt.db, settings=rt.settings, wait_budget_s=0, tick_s=0.2)
     driver.register(flow_name(nightly), flow_fn(nightly))
     with driver:
         final = poll(lambda: rt.runs.get(run_id), lambda r: r is not None and r.status == "completed")
@@ -168,7 +170,7 @@ def test_require_approval_inside_a_flow_parks_waiting_approval_and_the_driver_re
     ws: Path,
 ) -> None:
     out = sp.durable_run(gated, "release-1", {"n": 5})
-    assert isinstance(out, DriveParked) and out.wait.reason == "waiting-approval"
+    assert isinstance(out, sp.DriveParked) and out.wait.reason == "waiting-approval"
     rt = current_spec().open()
     control = rt.control()
     view = control.show("release-1")
@@ -177,9 +179,10 @@ def test_require_approval_inside_a_flow_parks_waiting_approval_and_the_driver_re
 
     pending = view.pending[0]
     assert isinstance(
-        control.approve(NodeTarget("release-1", "ship", pending.digest, pending.envelope)), sp.Accepted
+        control.approve(NodeTarget("release-1", "ship", pending.digest, pending.envelope)),
+        sp.control.Accepted,
     )
-    driver = sp.RunDriver(rt.db, settings=rt.settings, tick_s=0.2)
+    driver = RunDriver(rt.db, settings=rt.settings, tick_s=0.2)
     driver.register(flow_name(gated), flow_fn(gated))
     with driver:
         final = poll(lambda: rt.runs.get("release-1"), lambda r: r is not None and r.status == "completed")
@@ -188,14 +191,14 @@ def test_require_approval_inside_a_flow_parks_waiting_approval_and_the_driver_re
 
 
 def test_a_denied_approval_inside_a_flow_fails_the_run_with_approval_denied(ws: Path) -> None:
-    assert isinstance(sp.durable_run(gated, "release-2", {"n": 1}), DriveParked)
+    assert isinstance(sp.durable_run(gated, "release-2", {"n": 1}), sp.DriveParked)
     control = current_spec().open().control()
     pending = control.show("release-2").pending[0]
     assert isinstance(
-        control.deny(NodeTarget("release-2", "ship", pending.digest, pending.envelope)), sp.Accepted
+        control.deny(NodeTarget("release-2", "ship", pending.digest, pending.envelope)), sp.control.Accepted
     )
     out = sp.durable_run(gated, "release-2")
-    assert isinstance(out, DriveSettled) and out.status == "failed"
+    assert isinstance(out, sp.DriveSettled) and out.status == "failed"
     record = current_spec().open().runs.get("release-2")
     assert record is not None and record.error is not None and record.error["code"] == "approval_denied"
     assert EXECUTED == ["build:1"]  # publish never ran
@@ -212,7 +215,7 @@ def test_wait_for_inside_a_flow_is_woken_by_a_completion_from_another_thread(
     t.start()
     out = sp.durable_run(waiting, "wf-1", budget_s=60)
     t.join()
-    assert isinstance(out, DriveSettled) and out.status == "completed"
+    assert isinstance(out, sp.DriveSettled) and out.status == "completed"
     assert SEEN == [{"ok": 42}] and EXECUTED == ["build:1"]
 
 
@@ -224,11 +227,11 @@ def test_cancelling_a_flow_run_waiting_in_process_settles_its_run_cancelled(
 
     def cancel_when_waiting() -> None:
         poll(lambda: list(SEEN), bool, timeout_s=60)
-        sp.cancel_run(rt.runs, SEEN[0])
+        cancel_run(rt.runs, SEEN[0])
 
     t = threading.Thread(target=cancel_when_waiting)
     t.start()
-    with pytest.raises(sp.RunCancelled):
+    with pytest.raises(RunCancelled):
         sleepy()
     t.join()
     record = rt.runs.get(SEEN[0])
@@ -250,7 +253,7 @@ def test_durable_run_refuses_other_parameters_for_the_same_run_id_before_writing
     ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = sp.durable_run(napping, "nap-1", {"n": 2}, budget_s=30)
-    assert isinstance(out, DriveSettled) and out.status == "completed"
+    assert isinstance(out, sp.DriveSettled) and out.status == "completed"
     rt = current_spec().open()
     before = len(rt.journal.read("nap-1", limit=500))
     with pytest.raises(WaitError) as refused:
@@ -262,7 +265,7 @@ def test_durable_run_refuses_other_parameters_for_the_same_run_id_before_writing
     assert len(rt.journal.read("nap-1", limit=500)) == before
 
 
-COOL = sp.compile_plan("cooling", "ci/cool", [sp.node("cool", body={}, wait={"seconds": 600})])
+COOL = sp.plan.compile_plan("cooling", "ci/cool", [sp.plan.node("cool", body={}, wait={"seconds": 600})])
 
 
 @flow(persist_result=False)
@@ -310,7 +313,7 @@ def sleep_in_step(seconds: float = 0.1) -> float:
 @pytest.mark.parametrize("body", [gate_in_step, sleep_in_step], ids=["require_approval", "sleep"])
 def test_a_wait_inside_a_step_body_is_refused_because_a_cache_hit_would_skip_it(ws: Path, body: Any) -> None:
     out = sp.durable_run(body, "in-step-1", budget_s=30)
-    assert isinstance(out, DriveSettled) and out.status == "failed"
+    assert isinstance(out, sp.DriveSettled) and out.status == "failed"
     rt = current_spec().open()
     record = rt.runs.get("in-step-1")
     assert (
@@ -364,11 +367,11 @@ async def async_nightly(n: int = 1) -> int:
 
 def test_an_async_flow_parks_and_a_later_drive_resumes_it_after_its_deadline(ws: Path) -> None:
     out = sp.durable_run(async_nightly, "async-1", {"n": 7}, budget_s=0)
-    assert isinstance(out, DriveParked) and isinstance(out.wait, TimerWait)
+    assert isinstance(out, sp.DriveParked) and isinstance(out.wait, TimerWait)
     while time.time() * 1000 < out.wait.wake_at_ms:
         time.sleep(0.05)
     done = sp.durable_run(async_nightly, "async-1", budget_s=0)
-    assert isinstance(done, DriveSettled) and done.status == "completed"
+    assert isinstance(done, sp.DriveSettled) and done.status == "completed"
     assert EXECUTED == ["build:7"]  # served clean on the second drive
 
 
@@ -379,7 +382,7 @@ def test_smthrs_resume_with_flow_answers_parked_then_drives_the_flows_run_once_a
 
     from smthrs_plugin.cli import app
 
-    assert isinstance(sp.durable_run(gated, "release-3", {"n": 2}), DriveParked)
+    assert isinstance(sp.durable_run(gated, "release-3", {"n": 2}), sp.DriveParked)
     runner = CliRunner()
     opts = ["--workspace", str(ws), "--db", db_url, "--json"]
     resume = ["resume", "release-3", "--flow", "test_flow_waits:gated", *opts]

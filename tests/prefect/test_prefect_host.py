@@ -39,9 +39,9 @@ def pid_of(x: int) -> dict:
 
 def plan_of(
     n: int, *, plan_id: str = "wide", fail: int | None = None, chain_after_fail: bool = False
-) -> sp.Plan:
+) -> sp.plan.Plan:
     nodes = [
-        sp.node(
+        sp.plan.node(
             f"n{i:02d}",
             body={"i": i, **({"fail": True} if i == fail else {})},
             reads=["seed.txt"],
@@ -51,15 +51,15 @@ def plan_of(
     ]
     if chain_after_fail and fail is not None:
         nodes.append(
-            sp.node(
+            sp.plan.node(
                 "after",
                 body={"i": 999},
-                inputs=[sp.Pending(f"n{fail:02d}")],
+                inputs=[sp.plan.Pending(f"n{fail:02d}")],
                 reads=["seed.txt"],
                 writes=["out/999.txt"],
             )
         )
-    return sp.compile_plan(plan_id, "tests/prefect-host", nodes)
+    return sp.plan.compile_plan(plan_id, "tests/prefect-host", nodes)
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def ws(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run_in_flow(ws: Path, run_id: str, plan: sp.Plan, task_runner: Any = None) -> dict:
+def _run_in_flow(ws: Path, run_id: str, plan: sp.plan.Plan, task_runner: Any = None) -> dict:
     @flow(persist_result=False, **({"task_runner": task_runner} if task_runner is not None else {}))
     def plan_flow() -> dict:
         from prefect.runtime import flow_run

@@ -60,8 +60,8 @@ def test_readme_plan_in_a_flow_example_runs(
         (ni.root / "loud.txt").write_text(text.upper())
         return {"chars": len(text)}
 
-    plan = sp.compile_plan(
-        "readme", "docs/readme", [sp.node("shout", reads=["src.txt"], writes=["loud.txt"])]
+    plan = sp.plan.compile_plan(
+        "readme", "docs/readme", [sp.plan.node("shout", reads=["src.txt"], writes=["loud.txt"])]
     )
 
     @flow

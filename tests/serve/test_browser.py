@@ -291,7 +291,12 @@ def test_the_live_view_resumes_from_its_last_cursor_across_a_server_restart_with
         "ci/release",
         [
             node("build", body={"run": "true"}),
-            node("deploy", body={"run": "true"}, inputs=[sp.Pending("build")], approval={"request": "ship"}),
+            node(
+                "deploy",
+                body={"run": "true"},
+                inputs=[sp.plan.Pending("build")],
+                approval={"request": "ship"},
+            ),
         ],
     )
     with sp.open_runtime(workspace=ws) as rt:
@@ -343,10 +348,12 @@ def test_a_changed_plan_shows_what_changed_since_its_last_approved_card(
     def release(deploy: str, notify: bool) -> Any:
         nodes = [
             node("build", body={"run": "make"}, writes=["dist/"]),
-            node("deploy", body={"run": deploy}, inputs=[sp.Pending("build")], tier="irreversible"),
+            node("deploy", body={"run": deploy}, inputs=[sp.plan.Pending("build")], tier="irreversible"),
         ]
         if notify:
-            nodes.append(node("notify", body={"call": "ops.hooks:notify"}, inputs=[sp.Pending("deploy")]))
+            nodes.append(
+                node("notify", body={"call": "ops.hooks:notify"}, inputs=[sp.plan.Pending("deploy")])
+            )
         return compile_plan("release", "ci/release", nodes)
 
     with sp.open_runtime(workspace=ws) as rt:

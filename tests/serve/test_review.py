@@ -54,13 +54,13 @@ def pipeline(
         node("build", body={"run": "mkdir -p dist && cp src/app.txt dist/app.txt"},
              reads=["src/app.txt"], writes=["dist/"]),
         node("test", body={"run": "grep -q release dist/app.txt"}, reads=["dist/app.txt"],
-             inputs=[sp.Pending("build")]),
+             inputs=[sp.plan.Pending("build")]),
         node("deploy", body={"run": deploy}, reads=["dist/app.txt"], writes=["deployed/"], tier="irreversible",
-             inputs=[sp.Pending("test")], approval={"request": "ship", "envelope": ENV}),
+             inputs=[sp.plan.Pending("test")], approval={"request": "ship", "envelope": ENV}),
     ]  # fmt: skip
     if extra:
         nodes.append(node("notify", body={"call": "mypkg.hooks:notify", "with": {"channel": "#ops"}},
-                          inputs=[sp.Pending("deploy")]))  # fmt: skip
+                          inputs=[sp.plan.Pending("deploy")]))  # fmt: skip
     return compile_plan("release", "ci/release", nodes)
 
 

@@ -13,15 +13,15 @@ def test_readme_store_example_runs(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     # --- README example (keep identical to the README section "Durable store") ---
-    import smthrs_plugin as sp
     from smthrs_plugin.engine.journal import Journal
     from smthrs_plugin.engine.ownership import Activated, Ownership
     from smthrs_plugin.engine.runs import RunStore
+    from smthrs_plugin.stores.database import open_database
 
-    db = sp.open_database("sqlite:///.smthrs/state.db")  # creates + migrates; or postgresql+psycopg://...
+    db = open_database("sqlite:///.smthrs/state.db")  # creates + migrates; or postgresql+psycopg://...
     runs, journal = RunStore(db), Journal(db)
     runs.create("build-42", "ci/build")
-    own = Ownership(db)  # this process incarnation: sp.OwnerId(host_id, pid, nonce)
+    own = Ownership(db)  # this process incarnation: OwnerId(host_id, pid, nonce)
     assert isinstance(own.claim("build-42"), Activated)
 
     def progress(conn):  # ONE transaction: a fenced state change and its journal record

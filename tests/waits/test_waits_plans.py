@@ -197,7 +197,7 @@ def test_a_malformed_wait_spec_is_refused_before_anything_is_written(db_url: str
             and err.value.details["line"] == 4
             and why in err.value.message
         )
-    plan = sp.compile_plan("p", "f", [sp.node("t", body={}, wait={"seconds": "soon"})])
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("t", body={}, wait={"seconds": "soon"})])
     with sp.open_runtime(workspace=tmp_path, db=db_url) as rt:
         with pytest.raises(SchedulerError) as refused:
             rt.scheduler("r").run(plan, lambda ni: None)
