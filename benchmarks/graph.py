@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "plan"))
 from plan_reference import NaiveAdmission, NaiveGraph  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.plan import Admission, Plan, RuntimeGraph  # noqa: E402
+from smthrs_plugin.plan import Plan, RuntimeGraph
+from smthrs_plugin.plan.admission import Admission
 
 CAPS = {"steps": 8, "agents": 2}
 REFERENCE_MAX = 10_000

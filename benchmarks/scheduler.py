@@ -8,7 +8,7 @@ Variants, each on a fresh temp workspace and SQLite file:
   graph     RuntimeGraph + Admission driving the same pool, no durable state (the coordinator's mechanics)
   durable   PlanScheduler + a pass-through dispatcher: keys, attempt rows, journal, fenced transactions; no
             sandbox, no cache
-  full      PlanScheduler via open_runtime: LocalHost + the real CacheDispatcher (sandbox per node, local cache
+  full      PlanScheduler via open_runtime: ThreadHost + the real CacheDispatcher (sandbox per node, local cache
             row and evidence per node) — what `rt.scheduler(...).run(plan, fn)` costs
 Both durable variants run twice: /full with SQLite ``synchronous=FULL`` (the default: an fsync per commit) and
 /normal with ``SMTHRS_SQLITE_SYNCHRONOUS=normal`` (WAL fsynced at checkpoints only; survives process crashes, may
@@ -46,7 +46,8 @@ from typing import Any
 
 import smthrs_plugin as sp
 from smthrs_plugin.cache.model import DispatchResult, Miss
-from smthrs_plugin.plan import Admission, RuntimeGraph
+from smthrs_plugin.plan import RuntimeGraph
+from smthrs_plugin.plan.admission import Admission
 from smthrs_plugin.scheduler import ThreadHost
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000

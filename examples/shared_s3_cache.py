@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         artifacts = f"s3://{bucket}/cache"
         # Publisher trust (README "Trusting a shared cache"): both machines sign with, and so trust, one team key;
         # machine B inherits the variable. Without it each workspace trusts only its own key and B would rebuild.
-        from smthrs_plugin.cache.signing import workspace_key
+        from smthrs_plugin.cache import workspace_key
 
         os.environ["SMTHRS_CACHE_SIGNING_KEY"] = str(workspace_key(work / "team").path)
         ws_a, ws_b = work / "machine-a", work / "machine-b"

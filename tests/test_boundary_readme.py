@@ -8,7 +8,7 @@ import pytest
 
 README_EXAMPLE = """
 from smthrs_plugin.boundary import Declaration, Evidence, replay_outputs, run_in_sandbox
-from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores import ArtifactStore
 
 store = ArtifactStore(".smthrs/artifacts")      # or "s3://bucket/prefix", {"endpoint_url": ...}
 decl = Declaration.of(reads=["data/raw.csv"], writes=["data/clean.csv"])

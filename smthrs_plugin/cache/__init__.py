@@ -1,5 +1,5 @@
 """The content-addressed cache: the dispatch seam, admission, the local (SQL) and shared (artifact store) tiers,
-explain and maintenance (ls / verify / gc)."""
+explain and maintenance (ls / verify / gc / revoke), and the publisher keys a shared tier is signed with."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from .admission import Admissible, Admission, NotAdmissible, admit, admit_entry,
 from .dispatch import PROVENANCE_EVENT, CacheDispatcher
 from .entry import ENTRY_FORMAT, CacheEntry, Undecodable, check_cacheable, decode_entry
 from .local import LocalRow, LocalTier
+from .maintenance import revoke
 from .model import (
     CacheDecision,
     DispatchRequest,
@@ -22,6 +23,7 @@ from .model import (
 )
 from .requests import declaration_of, node_request
 from .shared import SharedTier
+from .signing import Trust, generate_key_pair, load_private_key, parse_trusted_keys, workspace_key
 
 __all__ = [
     "Admissible",
@@ -41,6 +43,7 @@ __all__ = [
     "ReplayFailed",
     "SettleHook",
     "SharedTier",
+    "Trust",
     "StaleReadSet",
     "Undecodable",
     "Unmeasurable",
@@ -52,5 +55,10 @@ __all__ = [
     "check_cacheable",
     "declaration_of",
     "decode_entry",
+    "generate_key_pair",
+    "load_private_key",
     "node_request",
+    "parse_trusted_keys",
+    "revoke",
+    "workspace_key",
 ]

@@ -50,7 +50,7 @@ from ..plan.keys import (
     plan_key,
     run_local_key,
 )
-from ..plan.model import Literal, NodeDraft, Pending
+from ..plan.model import NodeDraft, Pending, Value
 from .model import DispatchRequest, SandboxMode, SettleHook
 
 __all__ = ["build_request", "content_keyed", "declaration_of", "measure_reads", "node_request"]
@@ -94,7 +94,7 @@ def _inputs(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i, inp in enumerate(draft.material.inputs):
-        if isinstance(inp, Literal):
+        if isinstance(inp, Value):
             out[str(i)] = {"literal": inp.value}
         elif isinstance(inp, Pending):
             out[str(i)] = {"ordering": ORDERING_ONLY}

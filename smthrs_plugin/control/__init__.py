@@ -14,8 +14,7 @@ a durable wait: it is ``sp.require_approval``. Everything else is internal; impo
 
 from __future__ import annotations
 
-from .approvals import Approved, Denied, TokenState
-from .approvals import Pending as PendingApproval
+from .approvals import Approved, Denied, PendingApproval, TokenState
 from .authority import (
     DEFAULT_AUTHORITY,
     ApprovalAuthority,

@@ -8,7 +8,7 @@ step — ``sp.require_approval(request_id, envelope=...)`` in a ``@step`` flow, 
 Invariants
 - **Authority** (``authority.py``): asked before any read or replay and again inside the resolving transaction.
 - **Registration is idempotent.** ``register(run, request)`` creates the token once and answers its current state
-  (``Pending | Approved | Denied``) afterwards; a changed digest or envelope for the same request is refused
+  (``PendingApproval | Approved | Denied``) afterwards; a changed digest or envelope for the same request is refused
   (``plan_digest_mismatch`` / ``envelope_mismatch``), never re-aimed. A new request already covered by an earlier
   grant (``run`` scope: same run, digest and envelope; ``remembered``: same flow, digest and envelope) is decided
   at registration, in the same transaction, naming that grant.
@@ -53,7 +53,7 @@ from .cards import GRANT_SCOPES, Envelope, check_envelope, check_plan_digest
 from .identity import Principal, check_text, refuse
 
 __all__ = [
-    "Pending",
+    "PendingApproval",
     "Approved",
     "Denied",
     "TokenState",
@@ -74,7 +74,7 @@ WAITING_APPROVAL_REASON = "waiting-approval"
 
 
 @dataclass(frozen=True)
-class Pending:
+class PendingApproval:
     """Registered, not decided."""
 
     token_id: str
@@ -104,13 +104,13 @@ class Denied:
     tag: ClassVar[str] = "Denied"
 
 
-TokenState = Union[Pending, Approved, Denied]
+TokenState = Union[PendingApproval, Approved, Denied]
 
 
 def state_of(token: st.TokenRow, decision: st.DecisionRow | None) -> TokenState:
     """The state a token's decision row (or its absence) stands for."""
     if decision is None:
-        return Pending(token.token_id, token.target)
+        return PendingApproval(token.token_id, token.target)
     if decision.decision == "denied":
         return Denied(token.token_id, decision.principal, decision.decided_at_ms)
     grant = decision.via_grant_id or decision.grant_id
@@ -211,7 +211,7 @@ class Approvals:
                 conn, "Node", flow_id=row.flow, digest=want, envelope=env, run_id=run_id
             )
             if grant is None:
-                return Pending(token.token_id, token.target)
+                return PendingApproval(token.token_id, token.target)
             decision = st.insert_decision_in(
                 conn,
                 st.DecisionRow(
@@ -384,7 +384,7 @@ def require_approval(
     digest: str | None = None,
 ) -> Approved:
     """Inside a run (a Prefect ``@flow`` body, a flow a run driver drives, a plan node): ask for the node approval
-    ``request_id`` and continue only once it is approved. Pending parks the run ``waiting-approval`` (the process may exit; ``smthrs approve RUN_ID
+    ``request_id`` and continue only once it is approved. A pending request parks the run ``waiting-approval`` (the process may exit; ``smthrs approve RUN_ID
     --request R`` then resumes it); denied raises :class:`~smthrs_plugin.errors.ApprovalDenied`. Refused inside a
     ``@step`` body (a cache hit would skip it): ask in the flow body, before the step."""
     check_wait_allowed("sp.require_approval")

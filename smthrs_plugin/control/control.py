@@ -756,7 +756,7 @@ class Control:
         return list_runs(self.db, RunFilters(status=status, flow=flow), cursor=cursor, limit=limit)
 
     def plan_state(self, plan_id: str) -> Any:
-        """The approval state of a card: ``None`` (no approval needed), ``Pending``, ``Approved`` or ``Denied``."""
+        """The approval state of a card: ``None`` (no approval needed), ``PendingApproval``, ``Approved`` or ``Denied``."""
 
         def fn(conn: Connection) -> Any:
             if st.card_in(conn, plan_id) is None:

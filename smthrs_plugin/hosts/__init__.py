@@ -1,4 +1,5 @@
-"""Hosts: where plan node executions run. ``local`` (a thread pool); the Prefect host lives in ``prefect``.
+"""Hosts: where plan node executions run. The local thread pool is ``scheduler.ThreadHost`` (the default); the Prefect
+host lives in ``prefect``.
 
 Importing this package registers the run-context provider that lends a Prefect ``@flow`` body its smthrs run
 (``_flowrun.py``), so ``sp.sleep``/``sp.wait_for``/``sp.require_approval`` work there. It costs nothing outside a

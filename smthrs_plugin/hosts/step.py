@@ -69,7 +69,7 @@ from ..canonical import canonical_bytes
 from ..codecs import HOOK_NAME, CodecRegistry
 from ..engine.context import waits_forbidden
 from ..errors import CacheError, CanonicalError, CodecError, PlanError
-from ..plan import Literal, NodeDraft, node
+from ..plan import NodeDraft, Value, node
 from ..plan.keys import plan_key
 from ..runtime import process_codecs
 from ..scheduler.job import error_line
@@ -188,7 +188,7 @@ class _StepSpec:
             d = node(
                 self.name,
                 body=self.body,
-                inputs=[Literal(dict(arguments))],
+                inputs=[Value(dict(arguments))],
                 reads=self.reads,
                 writes=self.writes,
                 removes=self.removes,

@@ -1,4 +1,5 @@
-"""Observation of the engine: OpenTelemetry metrics (``metrics``); journal watch, snapshots and feeds live beside it.
+"""Observation of the engine: OpenTelemetry metrics, the journal :func:`watch`, the run catalog (:func:`list_runs`);
+the namespaces ``observe.snapshot`` (coherent reads of many runs) and ``observe.feed`` (the change feed).
 
 Core code below this package records through the floor-0 port ``smthrs_plugin._metrics`` (``MetricsPort``,
 ``NULL_METRICS``); the composition root injects :class:`Metrics` from here.
@@ -15,6 +16,7 @@ from .._metrics import (
     NODE_OUTCOMES,
     attribute_value,
 )
+from .catalog import RunFilters, RunPage, list_runs
 from .metrics import (
     INSTRUMENT_NAMES,
     NULL_METRICS,
@@ -26,11 +28,13 @@ from .metrics import (
     exit_tag,
     observe,
 )
+from .watch import ControlEvent, watch
 
 __all__ = [
     "BOUNDARY_SETTLEMENTS",
     "CACHE_DECISIONS",
     "CLAIM_DECISIONS",
+    "ControlEvent",
     "DEFAULT_INTERRUPTS",
     "EXIT_TAGS",
     "INSTRUMENT_NAMES",
@@ -41,7 +45,11 @@ __all__ = [
     "MetricsPort",
     "NullMetrics",
     "Observation",
+    "RunFilters",
+    "RunPage",
     "attribute_value",
     "exit_tag",
+    "list_runs",
     "observe",
+    "watch",
 ]

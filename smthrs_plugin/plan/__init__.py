@@ -18,28 +18,7 @@ from .compile import append_plan, compile_plan, verify_plan
 from .fileset import Filegroup, Glob, TreeArtifact
 from .graph import RuntimeGraph
 from .keys import ABSENT
-from .model import Conflict as WriteConflict
-from .model import Input, NodeDraft, Pending, Plan, PlanNode, Ref, node
-from .model import Literal as Value
-
-# isort: split
-# Internal: not part of the namespace (absent from __all__), still importable from here because the package's own
-# modules and tests import them so; each goes once its importers import the defining module instead.
-from .admission import Admission, AdmissionWork  # noqa: F401
-from .compile import DEFAULT_MAXIMUM_PLAN_NODES, plan_digest, priority_json  # noqa: F401
-from .graph import OUTCOMES, SUCCESS, GraphWork, NodeState, Outcome, Propagation, Settled  # noqa: F401
-from .keys import (  # noqa: F401
-    ORDERING_ONLY,
-    dispatch_key,
-    effects_json,
-    input_value_digest,
-    material_body,
-    plan_key,
-    project,
-    resolve_refs,
-    run_local_key,
-)
-from .model import KEY_MATERIAL_VERSION, Effects, KeyMaterial, Literal  # noqa: F401
+from .model import Input, NodeDraft, Pending, Plan, PlanNode, Ref, Value, WriteConflict, node
 
 # A constant input is a `Value` (`Literal` would shadow typing.Literal) and a compiled node's overlap annotation a
 # `WriteConflict` (`Conflict` is the control plane's receipt): one name per concept across the public namespaces.

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..canonical import KEY_PREFIX, canonical_bytes
 from .fileset import entry_json
-from .model import Literal, Pending, Ref
+from .model import Pending, Ref, Value
 
 __all__ = ["Slow", "text", "value", "entry_list", "effects", "plan_key", "digest_node", "digest"]
 
@@ -177,7 +177,7 @@ def _path(path: Any) -> str:
 
 def _input(inp: Any, upstream: Any, quoted: Any) -> str:
     t = type(inp)
-    if t is Literal or (t is not Pending and t is not Ref and isinstance(inp, Literal)):
+    if t is Value or (t is not Pending and t is not Ref and isinstance(inp, Value)):
         return '{"kind":"literal","value":' + value(inp.value, 3) + "}"
     up = quoted.get(inp.from_)
     if up is None:

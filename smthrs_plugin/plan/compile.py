@@ -47,7 +47,7 @@ from . import _canon
 from ._overlap import ProducerIndex
 from .fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
 from .keys import effects_json, plan_key_with_effects
-from .model import Conflict, Literal, NodeDraft, Plan, PlanNode, RuntimeStrategy, check_write_remove
+from .model import NodeDraft, Plan, PlanNode, RuntimeStrategy, Value, WriteConflict, check_write_remove
 
 __all__ = [
     "compile_plan",
@@ -200,8 +200,8 @@ def _topological(
         if type(inputs) is tuple and not inputs:
             continue
         for i, inp in enumerate(inputs):
-            # a Literal has no from_: reading its __dict__ skips pydantic's __getattr__ miss (an exception)
-            dep = inp.__dict__.get("from_") if type(inp) is Literal else getattr(inp, "from_", None)
+            # a Value has no from_: reading its __dict__ skips pydantic's __getattr__ miss (an exception)
+            dep = inp.__dict__.get("from_") if type(inp) is Value else getattr(inp, "from_", None)
             if dep is not None and dep not in where and dep not in placed:
                 raise PlanError(
                     "unknown_dependency",
@@ -359,7 +359,7 @@ def _build(
         quoted[d.id] = '"' + k + '"'  # a key1_ key is [a-z0-9_]: its JSON text needs no escaping
 
     # (5a) conflict annotation between producers.
-    conflicts: dict[int, list[Conflict]] = {}
+    conflicts: dict[int, list[WriteConflict]] = {}
     index = ProducerIndex()
     for p in range(base):
         index.add(p, all_drafts[p].effects.produces)
@@ -396,7 +396,7 @@ def _build(
                 else "delay-rebase"
             )
             conflicts.setdefault(p, []).append(
-                Conflict.model_validate({"with": other.id, "strategy": strategy, "runtime": runtime})
+                WriteConflict.model_validate({"with": other.id, "strategy": strategy, "runtime": runtime})
             )
             if strategy == "serialize":
                 _add_edge(deps, p, e)

@@ -2,7 +2,7 @@
 
 Invariants (SEMANTICS.md §1)
 - The **plan key** is a pure function of declarations and folds upstream plan keys (transitive re-keying):
-  ``content({body: material_body, inputs: {"0": ..., "1": ...}, layers, capabilities})``. Literal inputs carry
+  ``content({body: material_body, inputs: {"0": ..., "1": ...}, layers, capabilities})``. Value inputs carry
   their value; Ref/Pending inputs carry the upstream plan key with ``reference`` ``ref`` / ``ref-projected``
   (+ ``path``) / ``pending``.
 - The **dispatch key** (what the cache is keyed on, sealed tier) has the same shape but folds NO upstream plan
@@ -32,7 +32,7 @@ from ..canonical import key
 from ..errors import CanonicalError, PlanError, SchedulerError
 from . import _canon
 from .fileset import EntryInput, PathEntry, flatten, normalize_path
-from .model import Effects, KeyMaterial, Literal, NodeDraft, Pending, Ref
+from .model import Effects, KeyMaterial, NodeDraft, Pending, Ref, Value
 
 __all__ = [
     "ABSENT",
@@ -157,7 +157,7 @@ def _plan_key_reference(draft: NodeDraft, upstream: Mapping[str, str]) -> str:
     # definition _canon.plan_key must equal, and the path every refusal is raised from (same code, same message).
     inputs: dict[str, Any] = {}
     for i, inp in enumerate(draft.material.inputs):
-        if isinstance(inp, Literal):
+        if isinstance(inp, Value):
             inputs[str(i)] = {"kind": "literal", "value": inp.value}
             continue
         try:
@@ -238,7 +238,7 @@ def dispatch_key(
     declaration's. ``memo`` caches input-value digests per ``(from, path)`` across nodes of one run."""
     inputs: dict[str, Any] = {}
     for i, inp in enumerate(draft.material.inputs):
-        if isinstance(inp, Literal):
+        if isinstance(inp, Value):
             inputs[str(i)] = {"kind": "literal", "value": inp.value}
         elif isinstance(inp, Pending):
             inputs[str(i)] = {"kind": "digest", "digest": ORDERING_ONLY}

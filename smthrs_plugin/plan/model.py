@@ -40,14 +40,14 @@ from .fileset import EntryInput, Glob, PathEntry, TreeArtifact, entries_overlap,
 
 __all__ = [
     "KEY_MATERIAL_VERSION",
-    "Literal",
+    "Value",
     "Ref",
     "Pending",
     "Input",
     "Effects",
     "KeyMaterial",
     "NodeDraft",
-    "Conflict",
+    "WriteConflict",
     "PlanNode",
     "Plan",
     "node",
@@ -135,8 +135,8 @@ class _PlanModel(BaseModel):
 # ----------------------------------------------------------------------------------------------- inputs
 
 
-class Literal(_PlanModel):
-    """A constant input value (plain JSON). ``Literal(3)``, ``Literal({"k": [1, 2]})``; ``Literal(None)`` is
+class Value(_PlanModel):
+    """A constant input value (plain JSON). ``Value(3)``, ``Value({"k": [1, 2]})``; ``Value(None)`` is
     JSON null."""
 
     kind: t.Literal["literal"] = "literal"
@@ -150,7 +150,7 @@ class Literal(_PlanModel):
     @field_validator("value", mode="before")
     @classmethod
     def _json(cls, v: Any) -> Any:
-        return _plain_json(v, "Literal value")
+        return _plain_json(v, "Value")
 
 
 def _dep_id(v: Any) -> str:
@@ -205,7 +205,7 @@ class Pending(_PlanModel):
         super().__init__(**data)
 
 
-Input = Annotated[Union[Literal, Ref, Pending], Field(discriminator="kind")]
+Input = Annotated[Union[Value, Ref, Pending], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------------------------------------- effects
@@ -348,14 +348,14 @@ class KeyMaterial(_PlanModel):
     @field_validator("inputs", mode="before")
     @classmethod
     def _inputs(cls, v: Any) -> Any:
-        if isinstance(v, (str, Mapping, Literal, Ref, Pending)) or not isinstance(v, Iterable):
-            raise PlanError("invalid_node", f"inputs {v!r} must be a list of Literal, Ref or Pending")
+        if isinstance(v, (str, Mapping, Value, Ref, Pending)) or not isinstance(v, Iterable):
+            raise PlanError("invalid_node", f"inputs {v!r} must be a list of Value, Ref or Pending")
         out = []
         for i, item in enumerate(v):
-            if not isinstance(item, (Literal, Ref, Pending, Mapping)):
+            if not isinstance(item, (Value, Ref, Pending, Mapping)):
                 raise PlanError(
                     "invalid_node",
-                    f"input #{i} is a {type(item).__name__} ({item!r}); wrap it: Literal(value) for a constant, "
+                    f"input #{i} is a {type(item).__name__} ({item!r}); wrap it: Value(value) for a constant, "
                     "Ref('node') for another node's result, Pending('node') for an ordering-only dependency",
                     input=i,
                 )
@@ -443,12 +443,12 @@ class NodeDraft(_PlanModel):
             return ()
         seen: dict[str, None] = {}
         for i in inputs:
-            if not isinstance(i, Literal):
+            if not isinstance(i, Value):
                 seen.setdefault(i.from_, None)
         return tuple(seen)
 
 
-class Conflict(_PlanModel):
+class WriteConflict(_PlanModel):
     """Conflict annotation on the later node of an overlapping pair: ``serialize`` (an edge was added, later →
     earlier) or ``lane`` (no edge: both may run; the runtime strategy absorbs a landing race)."""
 
@@ -466,7 +466,7 @@ class PlanNode(_PlanModel):
     generation: int
     key: str
     depends_on: tuple[str, ...]
-    conflicts: tuple[Conflict, ...] = ()
+    conflicts: tuple[WriteConflict, ...] = ()
     draft: NodeDraft
 
     @property
@@ -550,7 +550,7 @@ def _nothing(entries: Any) -> bool:
 def node(
     id: str,
     body: Any = _UNSET,
-    inputs: Iterable[Literal | Ref | Pending] = (),
+    inputs: Iterable[Value | Ref | Pending] = (),
     reads: Iterable[EntryInput] = (),
     writes: Iterable[EntryInput] = (),
     removes: Iterable[EntryInput] = (),

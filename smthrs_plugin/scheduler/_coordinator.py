@@ -58,7 +58,9 @@ from ..errors import (
     SchedulerError,
     StoreError,
 )
-from ..plan import Admission, Plan, Propagation, RuntimeGraph
+from ..plan import Plan, RuntimeGraph
+from ..plan.admission import Admission
+from ..plan.graph import Propagation
 from ._merge import MergeElaborator
 from ._session import Prep, RunSession
 from .job import JobOutcome, error_line, is_conflict

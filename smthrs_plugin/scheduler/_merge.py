@@ -28,12 +28,14 @@ from sqlalchemy.engine import Connection
 from ..boundary.measure import Measurer
 from ..engine.fence import assert_owner
 from ..errors import BoundaryError, PlanError, SchedulerError
-from ..plan import KeyMaterial, NodeDraft, Pending, Plan, PlanNode, append_plan
+from ..plan import NodeDraft, Pending, Plan, PlanNode, append_plan
+from ..plan.model import KeyMaterial
 from .inputs import InputStore, MergeDecision, MergeStore, classify_reads, entry_id, unpinned_sources
 from .plans import PlanStore, generation_digests
 
 if t.TYPE_CHECKING:  # pragma: no cover
-    from ..plan import Propagation, RuntimeGraph
+    from ..plan import RuntimeGraph
+    from ..plan.graph import Propagation
     from ._session import RunSession
     from .model import Outcome
 

@@ -43,7 +43,8 @@ from ..engine.attempts import AttemptRecord, AttemptStore
 from ..engine.fence import OwnerId, assert_owner
 from ..engine.journal import Journal
 from ..errors import ArtifactError, BoundaryError, SchedulerError
-from ..plan import Plan, PlanNode, resolve_refs
+from ..plan import Plan, PlanNode
+from ..plan.keys import resolve_refs
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
 from ._cancel import CancelToken

@@ -9,8 +9,8 @@ Invariants
   :class:`InlineHost` run it in this one.
 - ``submit`` never raises for the job's own failure: whatever the job raises is in its Future.
 
-:class:`ThreadHost` is the local thread-pool host (``hosts.local.LocalHost`` is its public name at the hosts
-layer). :class:`InlineHost` runs each job on the submitting thread before ``submit`` returns: completions then
+:class:`ThreadHost` is the local thread-pool host (it lives beside the protocol so that the composition root, below
+``hosts`` in the layering, can default to it). :class:`InlineHost` runs each job on the submitting thread before ``submit`` returns: completions then
 arrive in submission order, which makes a run fully deterministic (differential tests, debugging).
 """
 

@@ -65,7 +65,7 @@ from typing import Any
 
 from ..boundary import Declaration
 from ..errors import PlanError
-from ..plan import Literal, Pending, Plan, Ref, compile_plan, node
+from ..plan import Pending, Plan, Ref, Value, compile_plan, node
 from ..plan.compile import DEFAULT_MAXIMUM_PLAN_NODES
 from ._safe_yaml import Marks, load_bounded, read_bounded
 from ._session import declaration_of
@@ -513,7 +513,7 @@ def _input(x: Any, where: tuple[Any, ...], refuse: _Refuser) -> Any:
         if kind == "pending" and isinstance(x["pending"], str) and "path" not in x:
             return Pending(x["pending"])
         if kind == "literal" and "path" not in x:
-            return Literal(x["literal"])
+            return Value(x["literal"])
     raise refuse(
         where,
         "inputs",

@@ -24,7 +24,8 @@ from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import PlanError, SchedulerError
-from ..plan import Plan, PlanNode, plan_digest, verify_plan
+from ..plan import Plan, PlanNode, verify_plan
+from ..plan.compile import plan_digest
 from ..records import plans as plan_records
 from ..records.plans import StoredGeneration
 from ..stores.database import Database

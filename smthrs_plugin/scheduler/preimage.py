@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..boundary.measure import Measurer
-from ..plan import Effects
+from ..plan.model import Effects
 from ..stores.artifacts import ArtifactStore
 
 __all__ = ["PreImage", "Restored", "capture_preimage", "restore_preimage"]

@@ -27,13 +27,20 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..control import store as st
-from ..control.approvals import WAITING_APPROVAL_REASON, Approved, Denied, Pending, gate_spec, state_of
+from ..control.approvals import (
+    WAITING_APPROVAL_REASON,
+    Approved,
+    Denied,
+    PendingApproval,
+    gate_spec,
+    state_of,
+)
 from ..control.control import Control
 from ..control.identity import JSON
 from ..errors import ControlError
 from ..observe.catalog import RunFilters, list_runs
 from ..plan import Glob, Plan, PlanNode, TreeArtifact
-from ..plan.model import Pending as PendingInput
+from ..plan.model import Pending
 
 __all__ = ["pending_items", "card_view"]
 
@@ -63,7 +70,7 @@ def pending_items(control: Control) -> dict[str, Any]:
     plans: list[dict[str, Any]] = []
     for row in _undecided_cards(control):
         state = _plan_state(control, row)
-        if isinstance(state, Pending):
+        if isinstance(state, PendingApproval):
             plans.append(
                 {
                     "plan_id": row.plan_id,
@@ -125,15 +132,15 @@ def _card_and_plan(control: Control, conn: Connection, ident: str) -> tuple[st.C
     return row, plan
 
 
-def _plan_state(control: Control, row: st.CardRow) -> Pending | Approved | Denied | None:
-    def fn(conn: Connection) -> Pending | Approved | Denied | None:
+def _plan_state(control: Control, row: st.CardRow) -> PendingApproval | Approved | Denied | None:
+    def fn(conn: Connection) -> PendingApproval | Approved | Denied | None:
         token = st.plan_token_in(conn, row.plan_id)
         return None if token is None else state_of(token, st.decision_in(conn, token.token_id))
 
     return control.db.read(fn)
 
 
-def _approval_json(row: st.CardRow, state: Pending | Approved | Denied | None) -> dict[str, Any]:
+def _approval_json(row: st.CardRow, state: PendingApproval | Approved | Denied | None) -> dict[str, Any]:
     """``{required, state: pending|approved|denied|not-required, principal?, scope?, decided_at?}``."""
     if state is None:
         return {"required": row.gated, "state": "not-required"}
@@ -179,7 +186,7 @@ def _node_json(n: PlanNode) -> dict[str, Any]:
         inputs=[
             i.model_dump(mode="json", by_alias=True)
             for i in draft.material.inputs
-            if not isinstance(i, PendingInput)
+            if not isinstance(i, Pending)
         ],
         approval=draft.approval,
     )

@@ -1,5 +1,6 @@
 """Storage backends: ``database`` (SQLite/PostgreSQL through SQLAlchemy Core), ``schema`` + ``migrations``
-(alembic, applied at open), and the fsspec artifact store. Import from the modules; nothing is re-exported here.
+(alembic, applied at open), and the fsspec artifact store: :func:`open_database` and :class:`ArtifactStore` are the
+package's public names.
 
 Table modules of other concepts (declared on ``schema.metadata``) are registered below, so that any import of the
 store sees the whole schema (the migration diff test, ``metadata.create_all`` in tools) without ``schema.py``
@@ -10,3 +11,7 @@ from . import catalog_indexes as _catalog_indexes  # noqa: F401  (registers the 
 from . import control_tables as _control_tables  # noqa: F401  (registers its tables on schema.metadata)
 from . import plan_tables as _plan_tables  # noqa: F401  (registers its tables on schema.metadata)
 from . import wait_tables as _wait_tables  # noqa: F401  (registers its tables on schema.metadata)
+from .artifacts import ArtifactStore  # noqa: E402  (after the table registrations above)
+from .database import Database, open_database  # noqa: E402
+
+__all__ = ["ArtifactStore", "Database", "open_database"]

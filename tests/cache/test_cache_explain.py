@@ -18,7 +18,7 @@ from smthrs_plugin.hosts._steprun import current_spec, step_settings
 from smthrs_plugin.hosts.step import step
 from smthrs_plugin.hosts.workspace import Workspace
 from smthrs_plugin.plan.compile import compile_plan
-from smthrs_plugin.plan.model import Literal, Ref, node
+from smthrs_plugin.plan.model import Ref, Value, node
 from smthrs_plugin.runtime import open_runtime
 from smthrs_plugin.stores.artifacts import ArtifactStore
 
@@ -131,7 +131,7 @@ def test_a_plan_node_and_a_step_record_and_explain_the_same_component_shape(tmp_
             node(
                 "clean",
                 body={"cmd": "clean"},
-                inputs=[Ref("fetch", path=["v"]), Literal(0.5)],
+                inputs=[Ref("fetch", path=["v"]), Value(0.5)],
                 reads=["in.txt"],
                 writes=["plan-out.txt"],
             ),

@@ -10,8 +10,7 @@ README_EXAMPLE = """
 import smthrs_plugin as sp
 from smthrs_plugin.boundary import Measurer
 from smthrs_plugin.cache import CacheDispatcher, node_request
-from smthrs_plugin.stores.artifacts import ArtifactStore
-from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.stores import ArtifactStore, open_database
 
 db = open_database("sqlite:///.smthrs/state.db")
 local = ArtifactStore(".smthrs/artifacts")          # this machine's blobs

@@ -9,11 +9,10 @@ import pytest
 
 README_EXAMPLE = """
 import smthrs_plugin as sp
-from smthrs_plugin.cache import CacheDispatcher, node_request
-from smthrs_plugin.cache.maintenance import revoke
-from smthrs_plugin.cache.signing import Trust, generate_key_pair, load_private_key, parse_trusted_keys
-from smthrs_plugin.stores.artifacts import ArtifactStore
-from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.cache import (
+    CacheDispatcher, Trust, generate_key_pair, load_private_key, node_request, parse_trusted_keys, revoke,
+)
+from smthrs_plugin.stores import ArtifactStore, open_database
 
 key, pub, _ = generate_key_pair("keys")                 # = smthrs cache keygen keys
 ci = Trust.of(load_private_key(key))                    # CI:     SMTHRS_CACHE_SIGNING_KEY=keys/cache-signing.key

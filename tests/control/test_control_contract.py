@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from _control_support import RecordingLauncher, count, journal_types, release_plan
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.control.approvals import Approved, Denied, Pending
+from smthrs_plugin.control.approvals import Approved, Denied, PendingApproval
 from smthrs_plugin.control.authority import (
     AuthorityRequest,
     Authorized,
@@ -46,14 +46,14 @@ def _ungated_run(control: Control, launcher: RecordingLauncher, key: str = "k") 
     return receipt.run_id
 
 
-def _parked_on_ship(control: Control, db: Database, settings: Settings, run_id: str) -> Pending:
+def _parked_on_ship(control: Control, db: Database, settings: Settings, run_id: str) -> PendingApproval:
     """Drive the run like a step would: claim it, register the node request, park it ``waiting-approval``."""
     own = Ownership(db, settings=settings)
     assert isinstance(own.claim(run_id), Activated)
     state = control.approvals.register(
         run_id, "ship", digest="ci/release:ship", envelope=ENV, owner=own.owner
     )
-    assert isinstance(state, Pending)
+    assert isinstance(state, PendingApproval)
     WaitStore(db).park(run_id, own.owner, reason="waiting-approval", token=state.token_id)
     return state
 
@@ -76,7 +76,7 @@ def test_plan_is_idempotent_per_content_and_any_change_is_a_new_card(control: Co
     other_input = _gated_card(control, principal=LOCAL_OPERATOR).plan_id
     assert other_input == card.plan_id
     assert changed.digest != card.digest and changed.plan_id != card.plan_id
-    assert card.deploy_class and isinstance(control.plan_state(card.plan_id), Pending)
+    assert card.deploy_class and isinstance(control.plan_state(card.plan_id), PendingApproval)
     assert count(db, "control_plans") == 2 and count(db, "control_tokens") == 2
     assert "control.plan.created" in journal_types(db, f"plan:{card.plan_id}")
 
@@ -417,7 +417,7 @@ def test_remembered_node_grant_decides_the_same_request_in_a_later_run(
     other = control.approvals.register(
         second, "ship-wide", digest="ci/release:ship", envelope={"capabilities": ["*"]}
     )
-    assert isinstance(other, Pending)
+    assert isinstance(other, PendingApproval)
 
 
 # -- the identity boundary ----------------------------------------------------------------------------------------

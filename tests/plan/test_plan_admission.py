@@ -11,7 +11,8 @@ from plan_reference import NaiveAdmission
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import GraphError
-from smthrs_plugin.plan import Admission, Concurrency, RuntimeGraph
+from smthrs_plugin.plan import Concurrency, RuntimeGraph
+from smthrs_plugin.plan.admission import Admission
 
 
 def test_aging_lets_a_low_priority_node_overtake_an_urgent_chain() -> None:

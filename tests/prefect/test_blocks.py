@@ -145,7 +145,7 @@ from prefect_aws import AwsCredentials, S3Bucket
 from prefect_aws.client_parameters import AwsClientParameters
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache.signing import generate_key_pair
+from smthrs_plugin.cache import generate_key_pair
 
 # Once, by whoever administers the team's Prefect (or in the Prefect UI: Blocks -> S3 Bucket / Secret):
 AwsCredentials(

@@ -98,7 +98,7 @@ def test_non_sealed_tiers_use_run_local_keys_that_never_reach_the_shared_cache(e
             sp.plan.node("s", body=1, writes=["s.txt"]),
         ],
     )
-    from smthrs_plugin.plan import run_local_key
+    from smthrs_plugin.plan.keys import run_local_key
 
     report = env.scheduler().run(plan, _intruder(env, "none", 0))
     assert report.settlement("c").dispatch_key == run_local_key("p", "c", plan.node("c").key, "r1")

@@ -14,7 +14,8 @@ from sched_support import Env, make_env
 import smthrs_plugin as sp
 from smthrs_plugin.boundary.measure import Measurer
 from smthrs_plugin.errors import GraphError, SchedulerError, SettingsError
-from smthrs_plugin.plan import ABSENT, dispatch_key
+from smthrs_plugin.plan import ABSENT
+from smthrs_plugin.plan.keys import dispatch_key
 from smthrs_plugin.scheduler import InlineHost, NodeInput, ThreadHost
 
 
