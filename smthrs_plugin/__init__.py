@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING
 
 from . import control as control  # the namespaces sp.control and sp.plan
 from . import plan as plan
-from .control.approvals import require_approval
-from .control.control import Control
-from .engine.active_run import (
+from .control._approvals import require_approval
+from .control._control import Control
+from .engine._context import RunContext, RunParked, current_run
+from .engine.drive._active_run import (
     DriveLost,
     DriveNotClaimed,
     DriveOutcome,
@@ -47,8 +48,7 @@ from .engine.active_run import (
     DriveSettled,
     DriveUnregistered,
 )
-from .engine.context import RunContext, RunParked, current_run
-from .engine.flow_waits import complete, sleep, sleep_until, wait_for
+from .engine.waits._flow_waits import complete, sleep, sleep_until, wait_for
 from .errors import (
     ApprovalDenied,
     ArtifactError,
@@ -66,24 +66,24 @@ from .errors import (
     WaitError,
 )
 from .hooks import hookimpl
-from .hosts.workspace import Workspace
+from .hosts._workspace import Workspace
 from .runtime import Runtime, open_runtime
-from .scheduler.model import NodeInput
-from .scheduler.planfile import load_plan
+from .scheduler._model import NodeInput
+from .scheduler._planfile import load_plan
 from .settings import Settings, load_settings
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .hosts._flows import durable_run
+    from .hosts._step import Step, step
     from .hosts._steprun import step_settings
-    from .hosts.flows import durable_run
-    from .hosts.step import Step, step
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "step": ("hosts.step", "step"),
-    "Step": ("hosts.step", "Step"),
+    "step": ("hosts._step", "step"),
+    "Step": ("hosts._step", "Step"),
     "step_settings": ("hosts._steprun", "step_settings"),
-    "durable_run": ("hosts.flows", "durable_run"),
+    "durable_run": ("hosts._flows", "durable_run"),
 }
 
 

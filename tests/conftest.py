@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.stores._database import Database, open_database
 
 # One temporary directory for the whole session and every process it starts (TMPDIR is inherited), removed at
 # exit: a SIGKILLed child (the crash tests kill owners mid-node on purpose) cannot remove its own sandbox, and a

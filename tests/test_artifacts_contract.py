@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from smthrs_plugin.errors import ArtifactError
-from smthrs_plugin.stores.artifacts import (
+from smthrs_plugin.stores._artifacts import (
     ArtifactStore,
     Corrupt,
     Created,

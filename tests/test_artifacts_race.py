@@ -13,7 +13,7 @@ from typing import Any
 import _artifact_workers as workers
 import pytest
 
-from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores._artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
 SPAWN = mp.get_context("spawn")

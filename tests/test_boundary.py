@@ -27,7 +27,7 @@ from smthrs_plugin.boundary import (
 )
 from smthrs_plugin.canonical import canonical_bytes
 from smthrs_plugin.errors import BoundaryRefusal, PlanError, ReplayError
-from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores._artifacts import ArtifactStore
 
 MiB = 2**20
 

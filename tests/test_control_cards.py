@@ -10,7 +10,7 @@ import pytest
 
 from smthrs_plugin.canonical import canonical_bytes
 from smthrs_plugin.control import CardNode, Envelope, PlanApproval, PlanCard
-from smthrs_plugin.control.cards import check_envelope, check_plan_digest, envelope_matches
+from smthrs_plugin.control._cards import check_envelope, check_plan_digest, envelope_matches
 from smthrs_plugin.errors import ControlError, InvalidInput
 
 PLAN_DIGEST = "ab" * 32

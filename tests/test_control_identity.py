@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from smthrs_plugin.canonical import canonical_bytes, is_key, sha256_hex
-from smthrs_plugin.control.identity import (
+from smthrs_plugin.control._identity import (
     BOUNDS,
     LOCAL_OPERATOR,
     MAX_CANONICAL_BYTES,

@@ -19,7 +19,7 @@ from smthrs_plugin.control import (
     decide_replay,
     receipt_from_dict,
 )
-from smthrs_plugin.control.receipts import RECEIPT_TYPES
+from smthrs_plugin.control._receipts import RECEIPT_TYPES
 from smthrs_plugin.errors import ControlError
 
 RECEIPTS = [

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from smthrs_plugin.engine.wakebus import (
+from smthrs_plugin.engine.waits._wakebus import (
     Delivered,
     Dropped,
     NoopWakeBus,

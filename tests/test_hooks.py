@@ -12,10 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.control.authority import DEFAULT_AUTHORITY
-from smthrs_plugin.engine.flow_waits import HostNotParked, HostWakeFailed, HostWoken, host_wake_json
-from smthrs_plugin.engine.liveness import LeaseLiveness, SameHostPidProbe
-from smthrs_plugin.engine.wait_records import Completed
+from smthrs_plugin.control._authority import DEFAULT_AUTHORITY
+from smthrs_plugin.engine.ownership._liveness import LeaseLiveness, SameHostPidProbe
+from smthrs_plugin.engine.waits._flow_waits import HostNotParked, HostWakeFailed, HostWoken, host_wake_json
 from smthrs_plugin.errors import PlanError, PluginError
 from smthrs_plugin.hooks import (
     Authorized,
@@ -24,9 +23,10 @@ from smthrs_plugin.hooks import (
     hookimpl,
     new_plugins,
 )
-from smthrs_plugin.scheduler.host import ThreadHost
-from smthrs_plugin.scheduler.planfile import read_plan_file
-from smthrs_plugin.scheduler.reconcile import DefaultReconciler, Fail
+from smthrs_plugin.records._wait_rows import Completed
+from smthrs_plugin.scheduler._host import ThreadHost
+from smthrs_plugin.scheduler._planfile import read_plan_file
+from smthrs_plugin.scheduler._reconcile import DefaultReconciler, Fail
 from smthrs_plugin.settings import load_settings
 
 
@@ -124,7 +124,7 @@ def test_an_observer_that_raises_never_changes_the_outcome(
         def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Any) -> None:
             raise RuntimeError("observer bug")
 
-    caplog.set_level(logging.ERROR, logger="smthrs_plugin.hooks.manager")  # whatever Prefect did to the root
+    caplog.set_level(logging.ERROR, logger="smthrs_plugin.hooks._manager")  # whatever Prefect did to the root
     rec = Recorder()
     plugins = new_plugins(entry_points=False, extra=[Broken(), rec])
     with sp.open_runtime(ws, plugins=plugins) as rt:
@@ -347,7 +347,7 @@ def test_a_run_waker_is_told_after_each_applied_decision_signal_and_cancellation
 def test_a_failing_run_waker_is_reported_and_logged_while_the_decision_stands(
     ws: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.flow_waits")
+    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.waits._flow_waits")
     rec = WakeRecorder(fail=ConnectionError("prefect is down"))
     plugins = new_plugins(entry_points=False, extra=[rec])
     with sp.open_runtime(ws, plugins=plugins) as rt:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache.requests import node_request
+from smthrs_plugin.cache._requests import node_request
 from smthrs_plugin.canonical import key
 from smthrs_plugin.codecs import MARKER
 from smthrs_plugin.errors import CodecError

@@ -14,10 +14,10 @@ import pluggy
 import pytest
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine.liveness import LeaseLiveness, SameHostPidProbe
+from smthrs_plugin.engine.ownership._liveness import LeaseLiveness, SameHostPidProbe
 from smthrs_plugin.errors import PluginError
 from smthrs_plugin.hooks import hookimpl, new_plugins
-from smthrs_plugin.scheduler.planfile import read_plan_file
+from smthrs_plugin.scheduler._planfile import read_plan_file
 from smthrs_plugin.settings import load_settings
 
 
@@ -349,7 +349,7 @@ def test_an_observer_raising_first_is_logged_by_name_and_every_other_observer_is
         def smthrs_node_settled(self, run_id: str, plan_id: str | None, settlement: Any) -> None:
             raise RuntimeError("observer bug")
 
-    caplog.set_level(logging.ERROR, logger="smthrs_plugin.hooks.manager")
+    caplog.set_level(logging.ERROR, logger="smthrs_plugin.hooks._manager")
     plugins = new_plugins(entry_points=False)
     plugins.register(Early(), "early")
     plugins.register(Watching(), "watching")

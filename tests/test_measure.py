@@ -13,7 +13,7 @@ from typing import IO
 
 import pytest
 
-from smthrs_plugin.boundary.measure import (
+from smthrs_plugin.boundary._measure import (
     ABSENT,
     DEFAULT_RACY_WINDOW_NS,
     STAT_CACHE_FILE,
@@ -22,7 +22,7 @@ from smthrs_plugin.boundary.measure import (
     sha256_file,
 )
 from smthrs_plugin.errors import BoundaryError
-from smthrs_plugin.plan.fileset import Glob
+from smthrs_plugin.plan._fileset import Glob
 
 FUTURE = 10 * DEFAULT_RACY_WINDOW_NS  # a clock far enough ahead that fresh files are not racily clean
 
@@ -132,7 +132,7 @@ def test_corrupt_stat_cache_is_rebuilt_with_a_warning(
     cache.parent.mkdir()
     cache.write_bytes(b"{not json")
     counter = CountingHash()
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.boundary.measure"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.boundary._measure"):
         got = Measurer(tmp_path, hash_file=counter).measure_paths(["a.txt"])
     assert got["a.txt"] is not None
     assert len(counter.calls) == 1

@@ -19,8 +19,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from smthrs_plugin.errors import FenceLost, StoreError
-from smthrs_plugin.observe.metrics import BOUNDARY_SETTLEMENTS_METRIC as BOUNDARY
-from smthrs_plugin.observe.metrics import (
+from smthrs_plugin.observe._metrics import BOUNDARY_SETTLEMENTS_METRIC as BOUNDARY
+from smthrs_plugin.observe._metrics import (
     CLAIMS,
     DISPATCH_DURATION,
     DISPATCHES,
@@ -497,7 +497,7 @@ def test_a_failing_listener_is_logged_and_changes_no_outcome(
     metrics.add_listener(broken)
     metrics.add_listener(after)
     original = LookupError("the real failure")
-    with caplog.at_level(logging.ERROR, logger="smthrs_plugin.observe.metrics"):
+    with caplog.at_level(logging.ERROR, logger="smthrs_plugin.observe._metrics"):
         with pytest.raises(LookupError) as caught, metrics.observe_dispatch():
             raise original
         metrics.cache_decision("Miss")
@@ -531,8 +531,8 @@ README_EXAMPLE = """
 import threading
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from smthrs_plugin.observe.metrics import Metrics
-from smthrs_plugin.engine.wakebus import WakeBus
+from smthrs_plugin.observe._metrics import Metrics
+from smthrs_plugin.engine.waits._wakebus import WakeBus
 
 reader = InMemoryMetricReader()                      # any reader/exporter the host chooses
 metrics = Metrics(MeterProvider(metric_readers=[reader]))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine.driver import RunDriver
+from smthrs_plugin.engine.drive._driver import RunDriver
 
 PACKAGE = Path(sp.__file__).resolve().parent
 RUNTIME = PACKAGE / "runtime.py"

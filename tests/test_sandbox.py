@@ -16,7 +16,7 @@ from smthrs_plugin.boundary import (
     run_in_sandbox,
 )
 from smthrs_plugin.errors import BoundaryError, BoundaryRefusal, MaterializationConflict
-from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores._artifacts import ArtifactStore
 
 
 def write(root: Path, rel: str, data: bytes) -> Path:
@@ -245,7 +245,7 @@ def test_same_size_rewrite_with_restored_mtime_is_a_write_and_identical_rewrite_
 ) -> None:
     # Both ways of settling a sandbox (small trees compared by content, large ones by lstat identity after a
     # clock tick) must agree on what a write is.
-    from smthrs_plugin.boundary import sandbox
+    from smthrs_plugin.boundary import _sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "_REHASH_ALL_BYTES", seeded_bytes_limit)
     write(ws, "other.txt", b"other\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .boundary import (
+from ._boundary import (
     BoundaryMode,
     Declaration,
     Prepared,
@@ -13,7 +13,7 @@ from .boundary import (
     prepare,
     settle,
 )
-from .evidence import (
+from ._evidence import (
     Deviation,
     Evidence,
     ExpectedSetDeviation,
@@ -24,9 +24,9 @@ from .evidence import (
     diff_identity,
     referenced_digests,
 )
-from .measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
-from .replay import Replayed, replay_outputs
-from .sandbox import SandboxMode, SandboxResult, run_in_sandbox
+from ._measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
+from ._replay import Replayed, replay_outputs
+from ._sandbox import SandboxMode, SandboxResult, run_in_sandbox
 
 __all__ = [
     "ABSENT",

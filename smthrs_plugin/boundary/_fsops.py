@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BoundaryError
-from ..plan.fileset import reserved_top
+from ..plan._fileset import reserved_top
 
 CHUNK = 1 << 20
 #: The only two modes a recorded, replayed or copied file may have.

@@ -11,15 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from . import cache as _cache
-from . import control as _control
-from . import plugins as _plugins
-from . import recover as _recover
-from . import run as _run
-from . import runs as _runs
-from . import serve as _serve
-from . import watch as _watch
-from . import worker as _worker
+from . import _cache, _control, _plugins, _recover, _run, _runs, _serve, _watch, _worker
 from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_DENIED", "EXIT_PARKED"]

@@ -37,11 +37,11 @@ from smthrs_plugin.cli._exits import exit_code
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smthrs_plugin.control.control import AdmittedRun, Control
-    from smthrs_plugin.control.identity import Principal
-    from smthrs_plugin.engine.fence import OwnerId
+    from smthrs_plugin.control._control import AdmittedRun, Control
+    from smthrs_plugin.control._identity import Principal
+    from smthrs_plugin.records._runs import OwnerId
     from smthrs_plugin.runtime import Runtime
-    from smthrs_plugin.scheduler.model import Report
+    from smthrs_plugin.scheduler._model import Report
 
 __all__ = [
     "PlanLauncher",
@@ -56,7 +56,7 @@ __all__ = [
 
 def parse_principal(text: str | None) -> Principal:
     """``--as ID/KIND`` (default the local operator)."""
-    from smthrs_plugin.control.identity import LOCAL_OPERATOR, Principal
+    from smthrs_plugin.control._identity import LOCAL_OPERATOR, Principal
 
     return LOCAL_OPERATOR if text is None else Principal.parse(text)
 
@@ -96,10 +96,10 @@ class PlanLauncher:
     stopped: BaseException | None = None
 
     def launch(self, run: AdmittedRun) -> None:
-        from smthrs_plugin.engine.context import RunCancelled, RunParked
+        from smthrs_plugin.engine._context import RunCancelled, RunParked
         from smthrs_plugin.errors import FenceLost
         from smthrs_plugin.plan import ABSENT
-        from smthrs_plugin.scheduler.planfile import PlanFileExecutor
+        from smthrs_plugin.scheduler._planfile import PlanFileExecutor
 
         rt = self.rt
         executor = PlanFileExecutor(rt.actions)
@@ -177,8 +177,8 @@ def follow(control: Control, run_id: str, relaunch: Any, *, wait: bool = True) -
     ``relaunch()`` repeats the command's own idempotent call (the same key: ``AlreadyApplied`` re-launches the run
     when nobody drives it). Returns None once the run is settled or parked; with ``wait=False`` a :class:`Held`
     as soon as another owner holds it."""
-    from smthrs_plugin.control import launch as ln
-    from smthrs_plugin.records.runs import TERMINAL_STATUSES
+    from smthrs_plugin.control import _launch as ln
+    from smthrs_plugin.records._runs import TERMINAL_STATUSES
 
     clock = control.clock
     stale_ms = int(control.settings.stale_after_s * 1000)

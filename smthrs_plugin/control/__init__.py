@@ -14,8 +14,8 @@ a durable wait: it is ``sp.require_approval``. Everything else is internal; impo
 
 from __future__ import annotations
 
-from .approvals import Approved, Denied, PendingApproval, TokenState
-from .authority import (
+from ._approvals import Approved, Denied, PendingApproval, TokenState
+from ._authority import (
     DEFAULT_AUTHORITY,
     ApprovalAuthority,
     AuthorityRequest,
@@ -26,10 +26,10 @@ from .authority import (
     PlanTarget,
     Unauthorized,
 )
-from .cards import CardNode, Envelope, PlanApproval, PlanCard
-from .control import Control
-from .identity import LOCAL_OPERATOR, Mutation, Principal
-from .receipts import (
+from ._cards import CardNode, Envelope, PlanApproval, PlanCard
+from ._control import Control
+from ._identity import LOCAL_OPERATOR, Mutation, Principal
+from ._receipts import (
     Accepted,
     AlreadyApplied,
     Conflict,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..engine.context import RunContext, register_provider
+from ..engine._context import RunContext, register_provider
 
 
 def _prefect_flow_run_context() -> RunContext | None:

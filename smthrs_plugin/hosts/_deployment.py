@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..engine.active_run import ActiveRun
-from ..engine.context import RunParked
-from ..engine.flow_waits import HostNotParked, HostWake, HostWakeFailed, HostWoken
-from ..engine.ownership import Activated, Terminal
+from ..engine._context import RunParked
+from ..engine.drive._active_run import ActiveRun
+from ..engine.ownership._arbiter import Activated, Terminal
+from ..engine.waits._flow_waits import HostNotParked, HostWake, HostWakeFailed, HostWoken
 from ..errors import FenceLost
 from ..runtime import Runtime
 

@@ -65,10 +65,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..canonical import sha256_hex
-from ..control.views import RequestView, RunView, view_in
-from ..engine.context import RunParked
+from ..control._views import RequestView, RunView, view_in
+from ..engine._context import RunParked
 from ..errors import SettingsError
-from ..stores.database import Database
+from ..stores._database import Database
 
 __all__ = [
     "VERSION",

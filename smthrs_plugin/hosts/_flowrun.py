@@ -8,13 +8,13 @@ Invariants
     park, and every execution claims the same run back (``prefect-<flow run id>``; never a fresh suffix).
   * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
     ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
-    :class:`~smthrs_plugin.engine.active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
+    :class:`~smthrs_plugin.engine.drive._active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
     waits use). A state hook appended to the flow concludes it when the flow run ends (``completed``,
     ``failed``, ``cancelled``; a crash by interruption releases it); a process that exits first releases it
     (atexit), so nothing waits for the 30 s lease. If that id is already settled or held, the flow run journals
     into a fresh suffix and says so: steps are content-addressed, the run is only their journal.
-  * *driven* (a :class:`~smthrs_plugin.engine.driver.RunDriver` drives a run of the flow: ``smthrs worker``,
-    :func:`~smthrs_plugin.hosts.flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
+  * *driven* (a :class:`~smthrs_plugin.engine.drive._driver.RunDriver` drives a run of the flow: ``smthrs worker``,
+    :func:`~smthrs_plugin.hosts._flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
     run context; the flow run binds to THAT run, and the driver concludes it.
 - **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
   ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.
@@ -54,14 +54,14 @@ from functools import partial
 from typing import Any
 
 from ..canonical import canonical_bytes
-from ..engine.active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
-from ..engine.context import RunContext, RunParked, RunReleased
-from ..engine.flow_waits import HostWakeFailed
-from ..engine.journal import Journal
-from ..engine.ownership import Activated
+from ..engine._context import RunContext, RunParked, RunReleased
+from ..engine.drive._active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
+from ..engine.ownership._arbiter import Activated
+from ..engine.waits._flow_waits import HostWakeFailed
 from ..errors import CanonicalError, FenceLost, WaitError
+from ..records._journal import Journal
 from ..runtime import Runtime
-from ..stores.database import Database
+from ..stores._database import Database
 from . import _events
 from ._deployment import (
     PARKED_STATE,

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..engine.fence import OwnerId, assert_owner
 from ..errors import FenceLost
+from ..records._runs import OwnerId, assert_owner
 from ..runtime import Runtime
 
 __all__ = ["record_settled", "flush_hits", "FLUSH_INTERVAL_S", "EVENT_TYPE"]

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine.fence import OwnerId
-from ..engine.heartbeat import Heartbeater
-from ..engine.ownership import Activated
+from ..engine.ownership._arbiter import Activated
+from ..engine.ownership._heartbeat import Heartbeater
 from ..errors import FenceLost
+from ..records._runs import OwnerId
 from ..runtime import Runtime, open_runtime
 from ..settings import load_settings
 from ._stepjournal import flush_hits

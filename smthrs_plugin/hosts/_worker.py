@@ -3,7 +3,7 @@ dispatch seam, and the per-process caches behind it.
 
 Invariant (DESIGN.md §4, PREFECT.md): engines, fsspec filesystems, measurers and locks are never pickled. A
 :class:`WorkerDispatcher` carries URLs and plain settings only (``Database`` and ``ArtifactStore`` pickle as their
-URLs); on first use in a process it opens ONE :class:`~smthrs_plugin.cache.dispatch.CacheDispatcher` per
+URLs); on first use in a process it opens ONE :class:`~smthrs_plugin.cache._dispatch.CacheDispatcher` per
 (process, workspace, database, stores) and keeps it, so a worker's stat cache stays warm across jobs. Writes a
 job makes there are fenced by the owner token the job carries, exactly as in the coordinator's process. The
 dispatcher itself is wired by the composition root (:func:`~smthrs_plugin.runtime.process_dispatcher`).
@@ -16,12 +16,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..boundary.evidence import InlineLimits
-from ..cache.dispatch import CacheDispatcher
-from ..cache.model import DispatchRequest, DispatchResult, Execute, SandboxMode
+from ..boundary._evidence import InlineLimits
+from ..cache._dispatch import CacheDispatcher
+from ..cache._model import DispatchRequest, DispatchResult, Execute, SandboxMode
 from ..runtime import process_dispatcher
-from ..stores.artifacts import ArtifactStore
-from ..stores.database import Database
+from ..stores._artifacts import ArtifactStore
+from ..stores._database import Database
 
 __all__ = ["WorkerDispatcher"]
 

@@ -37,14 +37,14 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..engine.context import RunParked
+from ..engine._context import RunParked
 from ..errors import SchedulerError, SettingsError
 from ..plan import Concurrency, Plan
 from ..runtime import Runtime
-from ..scheduler.host import default_workers
-from ..scheduler.job import JobOutcome, NodeJob, error_line, is_conflict
-from ..scheduler.model import Report
-from ..scheduler.scheduler import Executor
+from ..scheduler._host import default_workers
+from ..scheduler._job import JobOutcome, NodeJob, error_line, is_conflict
+from ..scheduler._model import Report
+from ..scheduler._scheduler import Executor
 from . import _events
 from ._events import artifact_key
 from ._flowrun import pause_flow_run

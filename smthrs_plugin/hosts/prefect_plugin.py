@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.flow_waits import HostNotParked, HostWake, HostWaker
-from ..engine.journal import Journal
-from ..hooks.specs import HostRequest, hookimpl
-from ..scheduler.model import Report
+from ..engine.waits._flow_waits import HostNotParked, HostWake, HostWaker
+from ..hooks._specs import HostRequest, hookimpl
+from ..records._journal import Journal
+from ..scheduler._model import Report
 from ..settings import Settings
 
 __all__ = [

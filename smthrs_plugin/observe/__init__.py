@@ -16,8 +16,8 @@ from .._metrics import (
     NODE_OUTCOMES,
     attribute_value,
 )
-from .catalog import RunFilters, RunPage, list_runs
-from .metrics import (
+from ._catalog import RunFilters, RunPage, list_runs
+from ._metrics import (
     INSTRUMENT_NAMES,
     NULL_METRICS,
     Listener,
@@ -28,7 +28,7 @@ from .metrics import (
     exit_tag,
     observe,
 )
-from .watch import ControlEvent, watch
+from ._watch import ControlEvent, watch
 
 __all__ = [
     "BOUNDARY_SETTLEMENTS",

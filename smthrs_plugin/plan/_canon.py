@@ -28,8 +28,8 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from ..canonical import KEY_PREFIX, canonical_bytes
-from .fileset import entry_json
-from .model import Pending, Ref, Value
+from ._fileset import entry_json
+from ._model import Pending, Ref, Value
 
 __all__ = ["Slow", "text", "value", "entry_list", "effects", "plan_key", "digest_node", "digest"]
 

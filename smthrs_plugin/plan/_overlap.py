@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .fileset import Glob, PathEntry, TreeArtifact, entry_matches, static_prefix
+from ._fileset import Glob, PathEntry, TreeArtifact, entry_matches, static_prefix
 
 __all__ = ["ProducerIndex"]
 

@@ -1,6 +1,6 @@
 """The fence every durable write of an owned run passes, and the one statement shape of a run transition.
 
-Part of the runs owner (:mod:`smthrs_plugin.records.runs`, which re-exports it). Invariants:
+Part of the runs owner (:mod:`smthrs_plugin.records._runs`, which re-exports it). Invariants:
 
 - :func:`assert_owner` runs INSIDE the caller's write transaction and refuses (``FenceLost``) unless the run row
   is ``running`` and owned by exactly this incarnation. Because writes are serialized (SQLite write lock,
@@ -35,10 +35,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import FenceLost, StoreError
-from ..stores.database import Database, DriverStatement
-from ..stores.schema import meta, runs
+from ..stores._database import Database, DriverStatement
+from ..stores._schema import meta, runs
+from ._journal import Appended, Journal, PendingRecord, record_cte
 from ._run_rows import OBSERVED_COLUMNS, OwnerId, fact_of
-from .journal import Appended, Journal, PendingRecord, record_cte
 
 __all__ = [
     "assert_owner",

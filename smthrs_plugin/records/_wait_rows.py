@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import StoreError
-from ..stores.schema import runs
-from .journal import latest_payload_json_in
+from ..stores._schema import runs
+from ._journal import latest_payload_json_in
 
 __all__ = [
     "WAITING_REASONS",

@@ -35,28 +35,28 @@ from sqlalchemy.engine import Connection
 
 from .._metrics import MetricsPort
 from ..boundary import Declaration
-from ..cache.model import DispatchRequest
-from ..cache.requests import build_request
-from ..cache.requests import declaration_of as request_declaration
+from ..cache._model import DispatchRequest
+from ..cache._requests import build_request
+from ..cache._requests import declaration_of as request_declaration
 from ..canonical import canonical_bytes
-from ..engine.attempts import AttemptRecord, AttemptStore
-from ..engine.fence import OwnerId, assert_owner
-from ..engine.journal import Journal
 from ..errors import ArtifactError, BoundaryError, SchedulerError
 from ..plan import Plan, PlanNode
-from ..plan.keys import resolve_refs
-from ..stores.artifacts import ArtifactStore
-from ..stores.database import Database
+from ..plan._keys import resolve_refs
+from ..records._attempts import AttemptRecord, AttemptStore
+from ..records._journal import Journal
+from ..records._runs import OwnerId, assert_owner
+from ..stores._artifacts import ArtifactStore
+from ..stores._database import Database
 from ._cancel import CancelToken
-from .inputs import Pins, ReadPlan
-from .job import NodeJob, SettleSpec, error_line, settled_payload
-from .model import Outcome, Report, Settlement
-from .preimage import PreImage, capture_preimage, restore_preimage
-from .reconcile import Deviation, Reconciler, Verdict, verdict_json
-from .timer import TIMER_DISPATCHER, check_wait_spec, is_timer, run_timer
+from ._inputs import Pins, ReadPlan
+from ._job import NodeJob, SettleSpec, error_line, settled_payload
+from ._model import Outcome, Report, Settlement
+from ._preimage import PreImage, capture_preimage, restore_preimage
+from ._reconcile import Deviation, Reconciler, Verdict, verdict_json
+from ._timer import TIMER_DISPATCHER, check_wait_spec, is_timer, run_timer
 
 if t.TYPE_CHECKING:  # pragma: no cover
-    from ..boundary.measure import Measurer
+    from ..boundary._measure import Measurer
 
 __all__ = ["RunSession", "Prep", "SessionConfig"]
 

@@ -1,7 +1,7 @@
 """``smthrs serve``: the control plane over HTTP — JSON-RPC verbs, run projections, the review page.
 
 Modules: ``_auth`` (credential, bind rule, operator principal), ``_rpc`` (the JSON-RPC method table over
-:class:`~smthrs_plugin.control.control.Control`), ``_projections`` (``/projections``, HTTP ndjson and WebSocket),
+:class:`~smthrs_plugin.control._control.Control`), ``_projections`` (``/projections``, HTTP ndjson and WebSocket),
 ``_wire`` (the JSON objects shared with the CLI), ``_app`` (the FastAPI application), ``_server`` (uvicorn, the
 announcement lines, graceful shutdown), ``_review`` and ``static/`` (the review page).
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..control.identity import LOCAL_OPERATOR, Principal
+from ..control._identity import LOCAL_OPERATOR, Principal
 from ..errors import ControlError
 
 __all__ = [

@@ -11,7 +11,7 @@ Invariants
 - **One request object per call**, with an ``id``: a batch (an array) and a notification (no ``id``: a mutation
   whose answer nobody reads) are refused ``-32600``, before anything runs. Unknown params are refused ``-32602``
   (a misspelt ``key`` must not silently become a derived key).
-- **Mutations go through :class:`~smthrs_plugin.control.control.Control` exactly like the CLI**: the same identity
+- **Mutations go through :class:`~smthrs_plugin.control._control.Control` exactly like the CLI**: the same identity
   boundary, receipts and idempotency (a retried call answers ``AlreadyApplied``), as the principal the transport
   authenticated. Principal fields a caller puts in ``params`` (``as``, ``as_``, ``principal``) are dropped before
   anything reads them; a ``principal`` inside a signal's ``value`` is the caller's data and stays.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..control.authority import NodeTarget, PlanTarget
-from ..control.control import Control
-from ..control.identity import Principal, refuse
+from ..control._authority import NodeTarget, PlanTarget
+from ..control._control import Control
+from ..control._identity import Principal, refuse
 from ..errors import ControlError, InvalidInput, SmthrsError
 from ..runtime import Runtime
 from ._wire import loads_json, plan_payload, receipt_payload, runs_payload, show_payload
@@ -271,7 +271,7 @@ class Methods:
         return resolved
 
     def _plan_file(self, plan_file: Path, inputs: dict[str, Any]) -> Any:
-        from ..scheduler.planfile import read_plan_file
+        from ..scheduler._planfile import read_plan_file
 
         pf = read_plan_file(plan_file, actions=self.rt.actions)
         return self.control.plan(

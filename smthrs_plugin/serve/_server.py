@@ -25,7 +25,7 @@ from typing import Any
 
 import uvicorn
 
-from ..control.identity import Principal
+from ..control._identity import Principal
 from ..errors import ControlError
 from ..runtime import open_runtime
 from ._app import create_app

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..control.control import Control
-from ..control.identity import MAX_CANONICAL_BYTES, MAX_DEPTH, refuse
-from ..control.views import RunView
-from ..engine.flow_waits import host_wake_json
-from ..observe.catalog import ANY, RunFilters, list_runs
+from ..control._control import Control
+from ..control._identity import MAX_CANONICAL_BYTES, MAX_DEPTH, refuse
+from ..control._views import RunView
+from ..engine.waits._flow_waits import host_wake_json
+from ..observe._catalog import ANY, RunFilters, list_runs
 from ..observe.snapshot import Missing, read
-from ..stores.database import Database
+from ..stores._database import Database
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -7,11 +7,13 @@ store sees the whole schema (the migration diff test, ``metadata.create_all`` in
 importing them back (an import circle).
 """
 
-from . import catalog_indexes as _catalog_indexes  # noqa: F401  (registers the run catalog's indexes on runs)
-from . import control_tables as _control_tables  # noqa: F401  (registers its tables on schema.metadata)
-from . import plan_tables as _plan_tables  # noqa: F401  (registers its tables on schema.metadata)
-from . import wait_tables as _wait_tables  # noqa: F401  (registers its tables on schema.metadata)
-from .artifacts import ArtifactStore  # noqa: E402  (after the table registrations above)
-from .database import Database, open_database  # noqa: E402
+from . import (
+    _catalog_indexes,  # noqa: F401  (registers the run catalog's indexes on runs)
+    _control_tables,  # noqa: F401  (registers its tables on schema.metadata)
+    _plan_tables,  # noqa: F401  (registers its tables on schema.metadata)
+    _wait_tables,  # noqa: F401  (registers its tables on schema.metadata)
+)
+from ._artifacts import ArtifactStore  # noqa: E402  (after the table registrations above)
+from ._database import Database, open_database  # noqa: E402
 
 __all__ = ["ArtifactStore", "Database", "open_database"]

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from smthrs_plugin.canonical import canonical_bytes
-from smthrs_plugin.control.control import Control
-from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
+from smthrs_plugin.control._control import Control
+from smthrs_plugin.control._receipts import Accepted, AlreadyApplied
 from smthrs_plugin.errors import InvalidInput
 from smthrs_plugin.settings import load_settings
-from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.stores._database import Database, open_database
 
 hostile_text = st.text(
     alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF, blacklist_categories=())

@@ -15,8 +15,8 @@ import pytest
 from _control_support import crash_plan, journal_types
 
 from smthrs_plugin.cli._control_support import PlanLauncher, follow
-from smthrs_plugin.control.receipts import AlreadyApplied
-from smthrs_plugin.engine.liveness import SameHostPidProbe
+from smthrs_plugin.control._receipts import AlreadyApplied
+from smthrs_plugin.engine.ownership._liveness import SameHostPidProbe
 from smthrs_plugin.runtime import open_runtime
 
 HERE = Path(__file__).resolve().parent

@@ -15,23 +15,23 @@ import sqlalchemy as sa
 from _control_support import RecordingLauncher, release_plan
 
 from smthrs_plugin.cli._control_support import PlanLauncher
-from smthrs_plugin.control.control import Control
-from smthrs_plugin.control.receipts import Accepted
-from smthrs_plugin.engine.facts import (
+from smthrs_plugin.control._control import Control
+from smthrs_plugin.control._receipts import Accepted
+from smthrs_plugin.engine._facts import (
     ACCEPTED_SOURCE,
     append_control_lifecycle_in,
     control_running_in,
     control_settled_in,
 )
-from smthrs_plugin.engine.journal import Journal, JournalEvent
-from smthrs_plugin.engine.ownership import Activated, Ownership
-from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
 from smthrs_plugin.errors import StoreError
-from smthrs_plugin.observe.watch import watch
+from smthrs_plugin.observe._watch import watch
 from smthrs_plugin.plan import compile_plan, node
+from smthrs_plugin.records._journal import Journal, JournalEvent
+from smthrs_plugin.records._runs import RunStore
 from smthrs_plugin.runtime import Runtime, open_runtime
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database
+from smthrs_plugin.stores._database import Database
 
 ENV = {"capabilities": ["deploy:prod"]}
 

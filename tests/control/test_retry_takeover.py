@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from _timetravel import let_the_deadline_pass
 
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.engine.waits import WaitStore
-from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.records._waits import WaitStore
+from smthrs_plugin.stores._database import Database, open_database
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,7 @@ import threading
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.fence import OwnerId
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.ownership import Activated, Ownership
-from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
 from smthrs_plugin.errors import ControlError, InvalidInput
 from smthrs_plugin.observe.snapshot import (
     MAX_BATCH,
@@ -22,7 +19,9 @@ from smthrs_plugin.observe.snapshot import (
     read,
     related,
 )
-from smthrs_plugin.stores.database import Database
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.stores._database import Database
 
 
 def _owner(db: Database, journal: Journal, clock: ManualClock, tag: str) -> Ownership:

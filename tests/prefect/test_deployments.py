@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine.flow_waits import HostWakeFailed, HostWoken
+from smthrs_plugin.engine.waits._flow_waits import HostWakeFailed, HostWoken
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
@@ -335,7 +335,7 @@ def test_an_approval_that_cannot_reach_prefect_stands_is_reported_and_its_retry_
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.flow_waits")
+    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.waits._flow_waits")
     flow_run_id = _start(served, tag="down", wait="approval")
     run_id = f"prefect-{flow_run_id}"
     watch = Watch(flow_run_id)

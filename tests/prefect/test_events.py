@@ -22,7 +22,7 @@ from prefect import flow
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache.maintenance import revoke
+from smthrs_plugin.cache._maintenance import revoke
 from smthrs_plugin.hosts import _events, _flowrun
 from smthrs_plugin.hosts._steprun import current_spec
 from smthrs_plugin.hosts.prefect import artifact_key, run_plan_in_flow
@@ -418,7 +418,7 @@ def test_require_approval_inside_a_flow_emits_approval_requested_related_to_its_
 
 
 def _decisions_are_observed() -> bool:
-    from smthrs_plugin.hooks.specs import SmthrsSpecs
+    from smthrs_plugin.hooks._specs import SmthrsSpecs
 
     return hasattr(SmthrsSpecs, "smthrs_approval_decided")
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from smthrs_plugin.control.identity import MAX_CANONICAL_BYTES
+from smthrs_plugin.control._identity import MAX_CANONICAL_BYTES
 from smthrs_plugin.runtime import Runtime
 from smthrs_plugin.serve._rpc import (
     INVALID_PARAMS,
@@ -265,7 +265,7 @@ def test_plan_show_and_runs_answer_what_the_cli_prints(
 
 
 def test_signal_answers_the_object_smthrs_signal_prints(server: Any, workspace: Path, driver: Any) -> None:
-    from smthrs_plugin.engine.active_run import DriveParked
+    from smthrs_plugin.engine.drive._active_run import DriveParked
 
     for rid in ("w-cli", "w-rpc"):
         driver.submit(rid, "gate")

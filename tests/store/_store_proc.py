@@ -26,7 +26,7 @@ def wait_for(path: str, timeout: float = 60.0) -> None:
 
 
 def cmd_migrate(url: str, go: str) -> None:
-    from smthrs_plugin.stores.database import open_database
+    from smthrs_plugin.stores._database import open_database
 
     wait_for(go)
     db = open_database(url)
@@ -34,8 +34,8 @@ def cmd_migrate(url: str, go: str) -> None:
 
 
 def cmd_claim(url: str, go: str, n: str) -> None:
-    from smthrs_plugin.engine.ownership import Ownership
-    from smthrs_plugin.stores.database import open_database
+    from smthrs_plugin.engine.ownership._arbiter import Ownership
+    from smthrs_plugin.stores._database import open_database
 
     own = Ownership(open_database(url))
     wait_for(go)
@@ -47,11 +47,11 @@ def cmd_claim(url: str, go: str, n: str) -> None:
 def cmd_own(url: str, run_id: str, mode: str) -> None:
     """Claim ``run_id``, heartbeat it, and (mode=write) keep writing fenced attempts until refused 3 times."""
     from smthrs_plugin.canonical import key
-    from smthrs_plugin.engine.attempts import AttemptStore
-    from smthrs_plugin.engine.heartbeat import Heartbeater
-    from smthrs_plugin.engine.ownership import Activated, Ownership
+    from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+    from smthrs_plugin.engine.ownership._heartbeat import Heartbeater
     from smthrs_plugin.errors import FenceLost
-    from smthrs_plugin.stores.database import open_database
+    from smthrs_plugin.records._attempts import AttemptStore
+    from smthrs_plugin.stores._database import open_database
 
     db = open_database(url)
     own = Ownership(db)
@@ -85,9 +85,9 @@ def cmd_own(url: str, run_id: str, mode: str) -> None:
 
 def cmd_crash_in_tx(url: str, run_id: str, event_file: str) -> None:
     """Write run state inside a transaction, signal, and block before the journal record (the parent kills us)."""
-    from smthrs_plugin.engine.journal import Journal
-    from smthrs_plugin.engine.runs import RunStore
-    from smthrs_plugin.stores.database import open_database
+    from smthrs_plugin.records._journal import Journal
+    from smthrs_plugin.records._runs import RunStore
+    from smthrs_plugin.stores._database import open_database
 
     db = open_database(url)
     journal = Journal(db)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.fence import OwnerId
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.ownership import Ownership
+from smthrs_plugin.engine.ownership._arbiter import Ownership
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import OwnerId
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database
+from smthrs_plugin.stores._database import Database
 
 
 def owner(tag: str, host: str = "host-a", pid: int = 4242) -> OwnerId:

@@ -13,10 +13,14 @@ import sqlalchemy as sa
 from _store_support import owner, ownership
 
 from smthrs_plugin._clock import ManualClock, SystemClock
-from smthrs_plugin.engine.fence import OwnerId, current_owner
-from smthrs_plugin.engine.heartbeat import Heartbeater, Interrupt
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.liveness import (
+from smthrs_plugin.engine.ownership._arbiter import (
+    Activated,
+    HeartbeatFresh,
+    Ownership,
+    StealRefusedOwnerAlive,
+)
+from smthrs_plugin.engine.ownership._heartbeat import Heartbeater, Interrupt
+from smthrs_plugin.engine.ownership._liveness import (
     Alive,
     Dead,
     LeaseLiveness,
@@ -25,13 +29,13 @@ from smthrs_plugin.engine.liveness import (
     pid_alive,
     process_start_token,
 )
-from smthrs_plugin.engine.ownership import Activated, HeartbeatFresh, Ownership, StealRefusedOwnerAlive
-from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.engine.stale_sweep import StaleSweep
+from smthrs_plugin.engine.ownership._stale_sweep import StaleSweep
 from smthrs_plugin.errors import StoreError
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import OwnerId, RunStore, current_owner
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores.database import Database
-from smthrs_plugin.stores.schema import runs as runs_table
+from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores._schema import runs as runs_table
 
 # -- clock ----------------------------------------------------------------------------------------------------
 
@@ -83,7 +87,7 @@ def test_system_clock_is_epoch_milliseconds() -> None:
 def test_current_owner_is_minted_once_per_process() -> None:
     s = load_settings(host_id="h1")
     assert current_owner(s) == current_owner(s) and current_owner(s).pid == os.getpid()
-    code = "from smthrs_plugin.engine.fence import current_owner; print(current_owner().nonce)"
+    code = "from smthrs_plugin.records._runs import current_owner; print(current_owner().nonce)"
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     ).stdout.strip()

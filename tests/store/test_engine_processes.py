@@ -19,14 +19,14 @@ import pytest
 import sqlalchemy as sa
 
 from smthrs_plugin._clock import ManualClock, SystemClock
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.liveness import SameHostPidProbe
-from smthrs_plugin.engine.ownership import Activated, Ownership
-from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership._liveness import SameHostPidProbe
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import RunStore
 from smthrs_plugin.settings import load_settings
+from smthrs_plugin.stores._database import Database, open_database
 from smthrs_plugin.stores._migrate import VERSION_TABLE, script_heads
-from smthrs_plugin.stores.database import Database, open_database
-from smthrs_plugin.stores.schema import attempts
+from smthrs_plugin.stores._schema import attempts
 
 pytestmark = pytest.mark.slow
 

@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.canonical import key
 from smthrs_plugin.cli import app
-from smthrs_plugin.engine.attempts import AttemptStore
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.ownership import Activated
-from smthrs_plugin.engine.recovery import MANIFEST_NAME, backup, restore, verify
-from smthrs_plugin.engine.runs import RunStore
+from smthrs_plugin.engine._recovery import MANIFEST_NAME, backup, restore, verify
+from smthrs_plugin.engine.ownership._arbiter import Activated
 from smthrs_plugin.errors import FenceLost, StoreError
+from smthrs_plugin.records._attempts import AttemptStore
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import RunStore
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.stores._database import open_database
 
 
 def test_backup_mid_run_then_restore_fences_the_pre_backup_owner(
@@ -113,7 +113,7 @@ def test_cli_recover_backup_restore_fence(sqlite_url: str, tmp_path: Path) -> No
     db = open_database(sqlite_url)
     runs = RunStore(db)
     runs.create("r1", "flow")
-    from smthrs_plugin.engine.ownership import Ownership
+    from smthrs_plugin.engine.ownership._arbiter import Ownership
 
     own = Ownership(db, owner=owner("cli"))
     own.claim("r1")

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 import smthrs_plugin as sp
 from smthrs_plugin.errors import SettingsError, StoreError
 from smthrs_plugin.settings import load_settings
-from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.stores._database import Database, open_database
 
 # SQLite's numeric answer to ``PRAGMA synchronous``.
 _PRAGMA_VALUE = {"normal": 1, "full": 2}

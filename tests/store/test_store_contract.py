@@ -12,11 +12,12 @@ from _store_support import owner, ownership
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.canonical import key
-from smthrs_plugin.engine.attempts import AttemptStore
-from smthrs_plugin.engine.journal import Appended, Duplicate, Journal, JournalEvent
-from smthrs_plugin.engine.ownership import Activated, HeartbeatFresh, StealRefusedOwnerAlive
-from smthrs_plugin.engine.recovery import fence
-from smthrs_plugin.engine.runs import (
+from smthrs_plugin.engine._recovery import fence
+from smthrs_plugin.engine.ownership._arbiter import Activated, HeartbeatFresh, StealRefusedOwnerAlive
+from smthrs_plugin.errors import FenceLost, RunParentCycleError, StoreError
+from smthrs_plugin.records._attempts import AttemptStore
+from smthrs_plugin.records._journal import Appended, Duplicate, Journal, JournalEvent
+from smthrs_plugin.records._runs import (
     AlreadyRequested,
     Cancelled,
     CancelRequested,
@@ -29,10 +30,9 @@ from smthrs_plugin.engine.runs import (
     RunStore,
     Settled,
 )
-from smthrs_plugin.errors import FenceLost, RunParentCycleError, StoreError
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database
-from smthrs_plugin.stores.schema import journal_events, run_parents
+from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores._schema import journal_events, run_parents
 
 # -- journal ----------------------------------------------------------------------------------------------
 
@@ -332,7 +332,7 @@ def test_fenced_writes_are_refused_after_a_steal(
 def test_refusal_is_journaled_once_per_owner_lease_and_evidence(
     db: Database, runs: RunStore, journal: Journal, clock: ManualClock, settings: Settings
 ) -> None:
-    from smthrs_plugin.engine.liveness import Alive
+    from smthrs_plugin.engine.ownership._liveness import Alive
 
     class Vouching:
         """A deployment's ``isAlive`` that vouches for every owner (consulted only once the lease expired)."""
@@ -466,10 +466,10 @@ def test_undecodable_row_is_skipped_by_list_with_one_warning_and_fails_a_point_r
     for r in ("r1", "r2", "r3"):
         runs.create(r, "flow")
     db.write(lambda c: c.execute(sa.text("UPDATE runs SET result_json = '{not json' WHERE run_id = 'r2'")))
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.engine.runs"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.records._runs"):
         listed = runs.list()
     assert [r.run_id for r in listed] == ["r1", "r3"]
-    warnings = [rec for rec in caplog.records if rec.name == "smthrs_plugin.engine.runs"]
+    warnings = [rec for rec in caplog.records if rec.name == "smthrs_plugin.records._runs"]
     assert len(warnings) == 1 and "'r2'" in warnings[0].getMessage()
     with pytest.raises(StoreError) as err:
         runs.get("r2")
@@ -494,7 +494,7 @@ def test_owner_ids_pin_the_incarnation() -> None:
 def test_a_serialization_failure_reruns_the_whole_transaction(postgres_url: str) -> None:
     # Two transactions read the same partition head, then both append at it: PostgreSQL aborts one with 40001
     # and Database.write runs that callback again from the start, on a fresh snapshot.
-    from smthrs_plugin.stores.database import open_database
+    from smthrs_plugin.stores._database import open_database
 
     db = open_database(postgres_url)
     journal = Journal(db)

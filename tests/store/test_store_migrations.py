@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from smthrs_plugin.stores import _migrate
+from smthrs_plugin.stores._database import Database, normalize_url, open_database
 from smthrs_plugin.stores._migrate import VERSION_TABLE, ensure_schema, known_revisions, script_heads
-from smthrs_plugin.stores.database import Database, normalize_url, open_database
-from smthrs_plugin.stores.schema import metadata
+from smthrs_plugin.stores._schema import metadata
 
 
 def _versions(db: Database) -> list[str]:
@@ -120,7 +120,7 @@ def test_sqlite_parent_directory_is_created(tmp_path: Path) -> None:
 def _open_without_root_powers(url: str) -> str:
     """Open ``url`` in a child process that lost CAP_DAC_OVERRIDE (root ignores file modes otherwise)."""
     code = (
-        "from smthrs_plugin.stores.database import open_database\n"
+        "from smthrs_plugin.stores._database import open_database\n"
         f"try:\n    open_database({url!r})\n"
         "except Exception as e:\n    print(getattr(e, 'code', repr(e)))\n"
     )
@@ -150,7 +150,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_typed_error(
 ) -> None:
     import sqlite3
 
-    from smthrs_plugin.stores import database
+    from smthrs_plugin.stores import _database as database
 
     monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_S", 0.2)
     db = open_database(sqlite_url)

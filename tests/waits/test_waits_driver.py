@@ -16,26 +16,25 @@ import sqlalchemy as sa
 
 import smthrs_plugin as sp
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.active_run import (
+from smthrs_plugin.engine._cancellation import cancel_run
+from smthrs_plugin.engine._context import RunContext
+from smthrs_plugin.engine.drive._active_run import (
     DriveParked,
     DriveReleased,
     DriveSettled,
     DriveUnregistered,
     FlowFailed,
 )
-from smthrs_plugin.engine.cancellation import cancel_run
-from smthrs_plugin.engine.context import RunContext
-from smthrs_plugin.engine.driver import RetryPolicy, RunDriver
-from smthrs_plugin.engine.fence import OwnerId
-from smthrs_plugin.engine.ownership import Activated, Ownership
-from smthrs_plugin.engine.runs import AlreadyTerminal, RunStore
-from smthrs_plugin.engine.wait_records import EventWait, TimerWait, WaitingRun
-from smthrs_plugin.engine.waits import WaitStore
-from smthrs_plugin.engine.wakebus import NoopWakeBus, WakeBus
+from smthrs_plugin.engine.drive._driver import RetryPolicy, RunDriver
+from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.waits._wakebus import NoopWakeBus, WakeBus
 from smthrs_plugin.errors import StoreError, WaitError
+from smthrs_plugin.records._runs import AlreadyTerminal, OwnerId, RunStore
+from smthrs_plugin.records._wait_rows import EventWait, TimerWait, WaitingRun
+from smthrs_plugin.records._waits import WaitStore
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database
-from smthrs_plugin.stores.wait_tables import deferred_completions
+from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores._wait_tables import deferred_completions
 
 
 def eventually(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
@@ -373,7 +372,7 @@ def test_an_unregistered_flow_is_left_parked_with_one_warning_per_run(
     dead = Ownership(db, owner=OwnerId("waits-host", 1, "dead"), settings=fast)
     assert isinstance(dead.claim("theirs"), Activated)
     dead.release("theirs", cause="shutdown")
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.engine.driver"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.engine.drive._driver"):
         assert drv.drive("theirs") == DriveUnregistered("theirs", "not-mine")
         assert drv.drive("theirs") == DriveUnregistered("theirs", "not-mine")
         assert drv.tick().runnable == ()
@@ -441,7 +440,7 @@ def test_a_corrupt_waiting_row_does_not_stop_a_sweep_or_a_registration(
         lambda c: c.execute(sa.text("UPDATE runs SET waiting_reason = 'bogus' WHERE run_id = 'bad-cancel'"))
     )
     drv = drivers("b")
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.engine.waits"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.records._waits"):
         reg = drv.register("waiter", _waiter)
         tick = drv.tick()
     assert reg.woken == ("good",)

@@ -21,12 +21,12 @@ import pytest
 from _timetravel import let_the_deadline_pass
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.engine.waits import WaitStore
 from smthrs_plugin.errors import PlanError, SchedulerError
-from smthrs_plugin.scheduler.planfile import read_plan_file
-from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.records._waits import WaitStore
+from smthrs_plugin.scheduler._planfile import read_plan_file
+from smthrs_plugin.stores._database import open_database
 
 #: A timer far longer than any command, however busy the machine.
 HOUR_S = 3600

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from _timetravel import let_the_deadline_pass
 
-from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.engine.waits import WaitStore
-from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.records._waits import WaitStore
+from smthrs_plugin.stores._database import open_database
 
 pytestmark = pytest.mark.slow
 

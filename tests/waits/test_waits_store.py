@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 
 from smthrs_plugin.canonical import sha256_hex
-from smthrs_plugin.engine.fence import OwnerId
-from smthrs_plugin.engine.journal import Journal
-from smthrs_plugin.engine.ownership import Activated, Ownership
-from smthrs_plugin.engine.runs import RunStore
-from smthrs_plugin.engine.wait_records import (
+from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.errors import FenceLost, StoreError
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.records._wait_rows import (
     AlreadyCompleted,
     ApprovalWait,
     Completed,
@@ -31,11 +31,10 @@ from smthrs_plugin.engine.wait_records import (
     Woken,
     deferred_token,
 )
-from smthrs_plugin.engine.waits import WaitStore
-from smthrs_plugin.errors import FenceLost, StoreError
+from smthrs_plugin.records._waits import WaitStore
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database
-from smthrs_plugin.stores.wait_tables import clock_deadlines, deferred_completions
+from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores._wait_tables import clock_deadlines, deferred_completions
 
 
 def own(db: Database, journal: Journal, fast: Settings, run_id: str, tag: str = "a") -> Ownership:
@@ -320,7 +319,7 @@ def test_a_corrupt_row_is_skipped_by_list_reads_with_one_warning_naming_it_and_f
     )
     # A timer wait without a deadline is outside the taxonomy.
     db.write(lambda c: c.execute(sa.text("UPDATE runs SET waiting_reason = 'timer' WHERE run_id = 'bad'")))
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.engine.waits"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.records._waits"):
         deferreds = waits.completed_deferreds("flow")
         waiting = waits.waiting_runs(WaitingFilter(cancel_requested=True))
     assert [d.execution_id for d in deferreds] == ["good"]

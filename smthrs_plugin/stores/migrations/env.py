@@ -13,7 +13,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
 from smthrs_plugin.stores._migrate import VERSION_TABLE
-from smthrs_plugin.stores.schema import metadata
+from smthrs_plugin.stores._schema import metadata
 
 config = context.config
 

@@ -1,0 +1,260 @@
+"""``smthrs cache ls | explain NODE_OR_KEY | verify [--with-shared] | gc | keygen DIR | revoke KEY_OR_NODE`` — the
+content-addressed cache from the command line.
+
+Invariant: each command opens a runtime over the stores named by its options (defaults from ``SMTHRS_*``
+settings) and takes the cache tiers from it (``Runtime.cache_tiers``: the composition root is the one place that
+assembles them), calls one library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON
+object (``--json``). Exit codes
+(:mod:`._common`): 0 done, 1 ``verify`` found a problem, 2 a refused input (any typed ``SmthrsError``). The cache
+modules (SQLAlchemy, fsspec) are imported inside the commands so ``smthrs --help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import SmthrsError
+from ._common import DbOption, JsonOption, WorkspaceOption
+from ._common import done as _done
+from ._common import refuse as _refuse
+from ._exits import EXIT_FAILED
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..cache._maintenance import VerifyReport
+    from ..runtime import CacheTiers, Runtime
+
+__all__ = ["cache_app", "register"]
+
+cache_app = typer.Typer(
+    help="The content-addressed step cache: list entries, explain a miss, verify blobs, collect garbage.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``cache`` command group to the root ``smthrs`` app."""
+    app.add_typer(cache_app, name="cache")
+
+
+ArtifactsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--artifacts",
+        help="Artifact store URL (default: SMTHRS_ARTIFACTS_URL, else <workspace>/.smthrs/artifacts).",
+    ),
+]
+SharedOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shared", help="Shared tier URL when it differs from --artifacts (default: the artifact store)."
+    ),
+]
+
+
+def _runtime(db: str | None, workspace: Path | None, artifacts: str | None = None) -> Runtime:
+    """The runtime over the stores the options name (SMTHRS_ARTIFACTS_BLOCK too: the artifact location may come
+    from a Prefect block); its ``cache_tiers(shared, trusted=...)`` are what every command works on."""
+    from ..runtime import open_runtime
+
+    return open_runtime(workspace=workspace, db=db, artifacts=artifacts)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@cache_app.command("ls")
+def ls(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    with_shared: Annotated[
+        bool, typer.Option("--with-shared", help="Also list the shared tier's entries.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """List cache entries: local rows (newest first), and the shared tier's with --with-shared."""
+    from ..cache._maintenance import list_entries
+
+    try:
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            entries = list_entries(st.local, st.shared if with_shared else None)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = []
+    for e in entries:
+        state = "invalidated" if e.invalidated_at_ms is not None else (e.problem or "ok")
+        lines.append(
+            f"{e.tier:6} {e.scope or '-':9} {(e.subject or '-'):32} {(e.key or e.name)[:21]:21} "
+            f"{_when(e.created_at_ms)} {e.host or '-'} {state}"
+        )
+    _done(as_json, {"entries": [e.to_json() for e in entries]}, "\n".join(lines) or "no cache entries")
+
+
+@cache_app.command("explain")
+def explain(
+    node_or_key: Annotated[
+        str, typer.Argument(help="A node id, plan/node subject, function qualname or key1_ key.")
+    ],
+    db: DbOption = None,
+    workspace: WorkspaceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node."""
+    from ..cache._explain import explain as explain_entry
+
+    try:
+        with _runtime(db, workspace) as rt:
+            explained = explain_entry(rt.cache_tiers().local, node_or_key)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    _done(as_json, explained.to_json(), "\n".join(explained.lines()))
+
+
+@cache_app.command("verify")
+def verify(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    with_shared: Annotated[
+        bool,
+        typer.Option(
+            "--with-shared",
+            help="Also judge every shared entry as this machine would (signature, trusted key, revocation) and"
+            " re-hash the blobs of those it would serve.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-hash every blob a servable entry references; list refused shared entries with --with-shared; exit 1 on
+    a problem."""
+    try:
+        # --with-shared: the shared tier judges entries with this machine's publisher trust, as a dispatcher would.
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared, trusted=with_shared)
+            report = _verify_with_progress(st, with_shared, show=not as_json and sys.stderr.isatty())
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = [
+        f"checked {report.entries} entries, {report.blobs} blobs: " + ("ok" if report.ok else "PROBLEMS")
+    ]
+    lines += [
+        f"  {p.kind}: {p.tier} entry {p.entry[:40]} {p.digest or ''} {p.detail}" for p in report.problems
+    ]
+    if with_shared and st.shared.trust is not None:
+        lines.append(f"trust: {st.shared.trust.describe()}")
+    if st.warning is not None:
+        lines.append(f"WARNING: {st.warning}")
+    out = report.to_json()
+    if with_shared:
+        out["trust"] = None if st.shared.trust is None else st.shared.trust.describe()
+        out["warning"] = st.warning
+    _done(as_json, out, "\n".join(lines))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _verify_with_progress(st: CacheTiers, with_shared: bool, *, show: bool) -> VerifyReport:
+    from ..cache._maintenance import verify as verify_cache
+
+    shared = st.shared if with_shared else None
+    if not show:
+        return verify_cache(st.local, st.artifacts, shared)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("verifying blobs", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return verify_cache(st.local, st.artifacts, shared, progress=progress)
+
+
+@cache_app.command("gc")
+def gc(
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    grace: Annotated[
+        float, typer.Option("--grace", min=0, help="Keep anything younger than this many seconds.")
+    ] = 3600.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete expired rows and every unreferenced blob older than --grace (never a referenced blob)."""
+    from ..cache._maintenance import gc as gc_cache
+
+    try:
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace, dry_run=dry_run)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    verb = "would delete" if dry_run else "deleted"
+    _done(
+        as_json,
+        report.to_json(),
+        f"{verb} {len(report.deleted_blobs)} blob(s) and {len(report.deleted_rows)} row(s); kept"
+        f" {report.referenced} referenced and {report.kept_young} young blob(s) (grace {report.grace_s:g}s)",
+    )
+
+
+@cache_app.command("keygen")
+def keygen(
+    directory: Annotated[Path, typer.Argument(help="Where to write cache-signing.key (0600) and .pub.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Write a publisher key pair: point SMTHRS_CACHE_SIGNING_KEY at the private file on a publishing machine
+    (CI), and add the public key to SMTHRS_CACHE_TRUSTED_KEYS on every reader."""
+    from ..cache._signing import generate_key_pair
+
+    try:
+        priv, pub, key = generate_key_pair(directory)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    _done(
+        as_json,
+        {"private": str(priv), "public": str(pub), "key_id": key.key_id, "public_b64": key.public.b64()},
+        f"wrote {priv} (private, 0600) and {pub}; key id {key.key_id}\n"
+        f"  publisher: export SMTHRS_CACHE_SIGNING_KEY={priv}\n"
+        f"  readers:   export SMTHRS_CACHE_TRUSTED_KEYS={key.public.b64()}   (or the path {pub})",
+    )
+
+
+@cache_app.command("revoke")
+def revoke(
+    key_or_node: Annotated[str, typer.Argument(help="A key1_ key, or a node id / subject (all its keys).")],
+    db: DbOption = None,
+    artifacts: ArtifactsOption = None,
+    shared: SharedOption = None,
+    workspace: WorkspaceOption = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the marker).")] = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Revoke a cached result for every reader: a marker in the shared tier (readers re-execute; their local
+    copies are dropped within SMTHRS_CACHE_REVOCATION_REFRESH_S), and this machine's local rows at once."""
+    from ..cache._maintenance import revoke as revoke_key
+
+    try:
+        with _runtime(db, workspace, artifacts) as rt:
+            st = rt.cache_tiers(shared)
+            report = revoke_key(st.local, st.shared, key_or_node, by=st.host_id, reason=reason)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    lines = [f"revoked {k} (marker {m})" for k, m in zip(report.keys, report.markers, strict=True)]
+    lines.append(f"{len(report.entries)} copies named, {len(report.invalidated)} local row(s) invalidated")
+    _done(as_json, report.to_json(), "\n".join(lines))

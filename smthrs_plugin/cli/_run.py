@@ -1,0 +1,193 @@
+"""``smthrs run PLAN.yaml [--run-id R] [--steps N] [--agents N] [--prefect] [--json]`` — run a plan file on the local
+host, or (``--prefect``) inside a Prefect flow run, one task run per node dispatch (``hosts.prefect``).
+
+Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
+result: a line per node, or ONE JSON object with ``--json`` (DESIGN.md §8: ``run_id``, ``plan_id``, ``digest``,
+``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/_exits.py``): 0 the
+run completed (every node built or clean), 1 a node failed (or was skipped) or the run was cancelled, 2 a refused
+input (any typed ``SmthrsError``: a malformed plan file names its line and field), 75 the run parked on a timer node
+(``wait:``) beyond the in-process budget — run again with ``--run-id`` (or let ``smthrs worker --plan`` resume it)
+once its stored deadline has passed — or ``--run-id`` names a run another live process owns.
+
+With ``--key K`` the run goes through the control plane (``cli/control.py``: ``smthrs plan`` card, plan approval,
+receipts): the same key again is the retry — it finishes the run or follows it to its end, and exits 0 only once
+the run completed (``--no-wait``: 75 naming the owner while another live process holds it).
+
+The run id defaults to ``<plan id>-<random>``: every invocation is a new run (built work is still served from
+the cache). Pass ``--run-id`` to resume a run that was interrupted (its settled nodes replay ``clean``).
+
+Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
+from smthrs_plugin.cli._common import refuse as _refuse
+from smthrs_plugin.cli._exits import exit_code
+from smthrs_plugin.engine._context import RunCancelled, RunParked
+from smthrs_plugin.errors import FenceLost, SmthrsError
+
+__all__ = ["register", "run_plan_file"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``smthrs run`` to the root app."""
+    app.command("run")(run_plan_file)
+
+
+def _held(as_json: bool, run_id: str | None, exc: FenceLost) -> NoReturn:
+    """``--run-id`` names a run another live process owns: not done, try again later (75)."""
+    if as_json:
+        typer.echo(
+            json.dumps({"run_id": run_id, "status": "running", "error": exc.to_dict()}, sort_keys=True)
+        )
+    else:
+        typer.echo(f"smthrs: {exc}", err=True)
+    raise typer.Exit(exit_code("run", None, "running"))
+
+
+def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
+    from smthrs_plugin.engine._context import RunParked
+
+    payload: dict[str, Any] = {"run_id": getattr(stopped, "run_id", None)}
+    if isinstance(stopped, RunParked):
+        wait = stopped.waiting
+        reason = wait.reason if wait is not None else "timer"
+        payload.update(status="parked", waiting_reason=reason, node=stopped.name.removeprefix("node:"))
+        if wait is not None:
+            payload["wait"] = {"reason": wait.reason, "wake_at_ms": getattr(wait, "wake_at_ms", None)}
+        text = f"run {payload['run_id']}: parked on {stopped.kind} {stopped.name} (resume with --run-id)"
+        code = exit_code("run", None, "suspended", reason)
+    else:
+        payload.update(status="cancelled", waiting_reason=None)
+        text = f"run {payload['run_id']}: cancelled"
+        code = exit_code("run", None, "cancelled")
+    typer.echo(json.dumps(payload, sort_keys=True) if as_json else text)
+    raise typer.Exit(code)
+
+
+def run_plan_file(
+    plan_file: Annotated[
+        Path, typer.Argument(help="The plan file (YAML, DESIGN.md §8).", show_default=False)
+    ],
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: <plan>-<random>).")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Cap on nodes in flight (default unbounded).")
+    ] = None,
+    agents: Annotated[int | None, typer.Option("--agents", help="Cap on agent nodes in flight.")] = None,
+    workspace: WorkspaceOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    prefect: Annotated[
+        bool,
+        typer.Option(
+            "--prefect",
+            help="Run inside a Prefect flow run: one task run per node dispatch, the report as a markdown artifact.",
+        ),
+    ] = False,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="Idempotency key: run through the control plane (plan approval, receipts); the same key again is "
+            "the retry. PLAN may then also be a plan id printed by `smthrs plan`.",
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", help="Plan input KEY=VALUE (repeatable; with --key).")
+    ] = None,
+    as_: Annotated[
+        str | None,
+        typer.Option("--as", help="The requesting principal ID/KIND (with --key; default local/operator)."),
+    ] = None,
+    no_wait: Annotated[
+        bool,
+        typer.Option(
+            "--no-wait",
+            help="With --key: when another live process owns the run, exit 75 naming it (host, pid) instead of "
+            "following the run to its end (or waiting for its lease to expire to take it over).",
+        ),
+    ] = False,
+) -> None:
+    """Run a plan file and print its report (on the local host, or as a Prefect flow run with --prefect)."""
+    from smthrs_plugin.errors import SchedulerError
+    from smthrs_plugin.runtime import open_runtime
+    from smthrs_plugin.scheduler._planfile import read_plan_file
+
+    if key is not None:
+        # The control plane's path (issue 8, cli/control.py): plan → approval → admission under the key → drive.
+        from smthrs_plugin.cli._control import run_with_key
+
+        if run_id is not None:
+            _refuse(
+                as_json,
+                SchedulerError(
+                    "invalid_plan",
+                    "--run-id and --key exclude each other: with --key the "
+                    "control plane names the run (the same key again is the retry)",
+                ),
+            )
+        caps = {"steps": steps, "agents": agents}
+        raise typer.Exit(
+            run_with_key(plan_file, key, inputs=inputs, as_=as_, concurrency=caps, prefect=prefect,
+                         workspace=workspace, db=db, as_json=as_json, no_wait=no_wait)
+        )  # fmt: skip
+    if inputs or as_ or no_wait:
+        _refuse(
+            as_json,
+            SchedulerError("invalid_plan", "--input, --as and --no-wait go with --key (a control-plane run)"),
+        )
+    try:
+        # --prefect and plugin actions (issue 6): the runtime opens first so `call: <action>` names are checked
+        # against the installed plugins' actions while the file is read.
+        with open_runtime(workspace=workspace, db=db) as rt:
+            pf = read_plan_file(plan_file, actions=rt.actions)
+            if pf.approval not in (None, "none"):
+                raise SchedulerError(
+                    "invalid_plan",
+                    f"plan {pf.plan.plan_id!r} requires approval ({pf.approval!r}); run it with --key KEY through the "
+                    "control plane (smthrs plan / smthrs approve) — this command does not bypass approval gates",
+                )
+            rid = run_id or f"{pf.plan.plan_id}-{uuid.uuid4().hex[:8]}"
+            caps = {"steps": steps, "agents": agents}
+            if prefect:
+                from smthrs_plugin.hosts.prefect import run_plan_in_flow
+
+                report = run_plan_in_flow(rt, rid, pf.plan, pf.executor, concurrency=caps)
+            else:
+                report = rt.scheduler(rid, concurrency=caps).run(pf.plan, pf.executor)
+    except FenceLost as exc:
+        _held(as_json, run_id, exc)
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
+    except (RunParked, RunCancelled) as stopped:
+        _stopped(as_json, stopped)  # durable waits: parked on a timer node (exit 75), or cancelled (exit 1)
+    status = "failed" if report.failed else "completed"
+    if as_json:
+        payload: dict[str, Any] = {
+            "run_id": rid,
+            "plan_id": report.plan_id,
+            "digest": report.digest,
+            "status": status,
+            "waiting_reason": None,
+            "settlements": [s.to_json() for s in report.settlements],
+        }
+        if report.merges:
+            payload["merges"] = list(report.merges)
+        typer.echo(json.dumps(payload, sort_keys=True))
+    else:
+        width = max(len(s.node) for s in report.settlements)
+        for s in report.settlements:
+            extra = f"  {s.error}" if s.error else ""
+            typer.echo(
+                f"{s.outcome:<8} {s.node:<{width}}  {s.cache_decision or '-':<20} x{s.attempts}{extra}"
+            )
+        typer.echo(f"run {rid}: {status} ({report.plan_id} {report.digest})")
+    raise typer.Exit(exit_code("run", None, status))

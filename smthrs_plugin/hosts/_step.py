@@ -1,0 +1,650 @@
+"""``@sp.step``: a Prefect task whose body goes through the cache dispatch seam (DESIGN.md §3, flow authors).
+
+::
+
+    @sp.step(reads=["data/raw.csv"], writes=["data/clean.csv"])
+    def clean(ws: sp.Workspace, threshold: float) -> dict: ...
+
+Invariants
+- **The key is the content, never a weaker stand-in.** A call's dispatch key (``plan.keys.dispatch_key``) folds
+  the function's identity (``module:qualname``) and the SHA-256 of its source, the canonical JSON of every
+  argument (after binding and defaults), the SHA-256 of every declared read, the declared effects and the
+  environment (Python implementation and version, plus ``environment=``). A typed argument (pydantic model,
+  dataclass, datetime, ...) is folded by its value codec's canonical key form (:mod:`smthrs_plugin.codecs`); one
+  no codec handles is ``CacheError(key_uncomputable)`` naming the argument and the ``smthrs_value_codecs`` hook,
+  raised before anything is written — register a codec, or declare the data as a read instead of passing it. A
+  function whose source cannot be read is refused when decorated.
+- **The function sees only its sandbox.** It receives an :class:`Workspace` (a path rooted in the sandbox) as its
+  first argument when it declares one (annotation ``Workspace``); declared reads are there, declared writes are
+  copied back (compare-and-set) when it returns. A hit replays the outputs instead of calling it.
+- **Always a value; a hit looks like a hit.** A direct call returns the step's value (a hit returns the stored
+  value), never a Prefect State (unless the caller passes ``return_state=True``). ``.submit()`` / ``.map()``
+  futures resolve to the value too. However the step is called, a hit's task run ends ``Completed`` named
+  ``Cached`` (and emits ``smthrs.step.clean``): the body returns that state and a direct call unwraps the value
+  Prefect hands back (:func:`_value_of`; only OUR hit state, recognised by its message, is unwrapped). A failed
+  dispatch raises the step's own error, untouched on every path, so Prefect's ``retries=`` retry it (each retry
+  is an attempt).
+- **Async steps are async tasks whose event loop is never blocked.** ``@step`` on an ``async def`` builds an async
+  Prefect task (``await step(...)`` in an async flow, ``.submit()``, ``.map()``, ``retries=`` as for sync steps).
+  The dispatch (hashing, sandbox, copy-back, journal: synchronous, blocking I/O) runs in a thread of its own per
+  call, while the coroutine body itself runs on the task run's OWN event loop (``run_coroutine_threadsafe``), so
+  it shares the loop its flow or task runner gave it, like any async Prefect task — loop-bound clients keep
+  working — and concurrent awaits of async steps stay concurrent (one thread each, not a capped pool). The body
+  sees the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body and
+  waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
+- **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
+  passing Prefect caching options is refused.
+- **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
+  ``step-settled`` record into it, fenced by the flow process's owner token, which each call carries to
+  wherever Prefect runs the body (threads, processes, Dask).
+- **Prefect hears about every call** once it settled (catalogue: :mod:`._events`): ``smthrs.step.<outcome>``,
+  ``smthrs.cache.refused`` when an existing entry was not served, and, once per flow run (in the flow run's own
+  process), an artifact naming the flow run's smthrs run and the commands that inspect it.
+
+Prior art: Prefect's ``INPUTS + TASK_SOURCE`` cache policy (keys on argument reprs and source), Bazel's action
+key (keys on input file digests): this is the second, shaped like the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import hashlib
+import inspect
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, TypeVar
+
+import prefect
+from prefect.cache_policies import NO_CACHE
+
+from ..cache._requests import declaration_of, node_request
+from ..canonical import canonical_bytes
+from ..codecs import HOOK_NAME, CodecRegistry
+from ..engine._context import waits_forbidden
+from ..errors import CacheError, CanonicalError, CodecError, PlanError
+from ..plan import NodeDraft, Value, node
+from ..plan._keys import plan_key
+from ..runtime import process_codecs
+from ..scheduler._job import error_line
+from ..scheduler._model import Settlement
+from . import _events
+from ._flowrun import context_for_call
+from ._stepjournal import record_settled
+from ._steprun import StepContext, standalone_run
+from ._workspace import Workspace
+
+__all__ = ["step", "Step", "Workspace", "CONTEXT_PARAM", "STEP_EVENT_PREFIX", "default_environment"]
+
+#: The hidden keyword argument carrying the :class:`StepContext` to wherever the body runs.
+CONTEXT_PARAM = "smthrs_context"
+#: Prefect events of step calls are ``smthrs.step.built | clean | failed`` (catalogue: :mod:`._events`).
+STEP_EVENT_PREFIX = _events.STEP_PREFIX
+_RESERVED = {CONTEXT_PARAM, "return_state", "wait_for"}
+#: Prefect options that would make Prefect cache or persist on its own: the plugin owns caching.
+_REFUSED_OPTIONS = {
+    "cache_policy",
+    "cache_key_fn",
+    "cache_expiration",
+    "persist_result",
+    "result_storage",
+    "result_storage_key",
+    "result_serializer",
+    "refresh_cache",
+    "cache_result_in_memory",
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: The message prefix of the ``Cached`` state a hit's body returns: how a direct call recognises the state to unwrap.
+_HIT_MESSAGE = "smthrs: verified cache hit "
+
+log = logging.getLogger(__name__)
+
+
+def default_environment() -> dict[str, Any]:
+    """What a step's key folds as its environment unless told more: the Python implementation and version."""
+    impl = sys.implementation.name
+    return {"python": f"{impl}-{sys.version_info.major}.{sys.version_info.minor}"}
+
+
+def _takes_workspace(params: list[inspect.Parameter]) -> bool:
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        return False
+    ann = params[0].annotation
+    if ann is Workspace or (isinstance(ann, type) and issubclass(ann, Workspace)):
+        return True
+    return isinstance(ann, str) and (ann == "Workspace" or ann.endswith(".Workspace"))
+
+
+class _StepSpec:
+    """Everything a call needs, computed once at decoration (pickles with the task)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        reads: tuple[Any, ...],
+        writes: tuple[Any, ...],
+        removes: tuple[Any, ...],
+        boundary: str,
+        tier: str,
+        nondeterministic: bool,
+        environment: Mapping[str, Any] | None,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.identity = f"{fn.__module__}:{fn.__qualname__}"
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError) as exc:
+            raise CacheError(
+                "key_uncomputable",
+                f"step {self.identity}: its source cannot be read ({exc}), so its key cannot include it; define "
+                "the function in a module or notebook cell whose source Python can read",
+                cause=exc,
+                step=self.identity,
+            ) from exc
+        self.source_digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        # An async step's task body is a coroutine function too (Prefect then builds an async task run).
+        self.is_async = inspect.iscoroutinefunction(fn)
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        self.takes_workspace = _takes_workspace(params)
+        visible = params[1:] if self.takes_workspace else params
+        for p in visible:
+            if p.name in _RESERVED:
+                raise CacheError(
+                    "invalid_declaration",
+                    f"step {self.identity}: parameter name {p.name!r} is reserved ({', '.join(sorted(_RESERVED))});"
+                    " rename it",
+                    step=self.identity,
+                )
+        self.call_signature = sig.replace(parameters=visible)
+        hidden = inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, default=None)
+        with_hidden = [p for p in visible if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        with_hidden.append(hidden)
+        with_hidden += [p for p in visible if p.kind is inspect.Parameter.VAR_KEYWORD]
+        self.task_signature = sig.replace(parameters=with_hidden)
+        self.body = {"step": {"function": self.identity, "source": self.source_digest}}
+        self.reads, self.writes, self.removes = reads, writes, removes
+        self.boundary, self.tier, self.nondeterministic = boundary, tier, nondeterministic
+        self.environment = dict(environment) if environment is not None else None
+        # Refuse bad effects now, before any call writes anything (the boundary declaration also refuses writes
+        # and removals under the reserved .smthrs/, .git/, .venv/).
+        self.draft({}, boundary_check=True)
+
+    def draft(self, arguments: Mapping[str, Any], *, boundary_check: bool = False) -> NodeDraft:
+        try:
+            d = node(
+                self.name,
+                body=self.body,
+                inputs=[Value(dict(arguments))],
+                reads=self.reads,
+                writes=self.writes,
+                removes=self.removes,
+                boundary=self.boundary,  # type: ignore[arg-type]
+                tier=self.tier,  # type: ignore[arg-type]
+                nondeterministic=self.nondeterministic or None,
+            )
+            if boundary_check:
+                declaration_of(d)
+            return d
+        except PlanError as exc:
+            raise CacheError(
+                "invalid_declaration", f"step {self.identity}: {exc.message}", cause=exc, step=self.identity
+            ) from exc
+
+    def arguments(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], codecs: CodecRegistry | None = None
+    ) -> tuple[inspect.BoundArguments, dict[str, Any]]:
+        """Bind a call and compute every argument's key form (the key folds their canonical values): plain JSON
+        as itself, typed values through the value codecs (``codecs``; default: the process's registry, built-ins
+        + plugins). The body still receives the original values (``bound``)."""
+        try:
+            bound = self.call_signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise CacheError(
+                "invalid_declaration", f"step {self.identity}: {exc}", cause=exc, step=self.identity
+            ) from exc
+        bound.apply_defaults()
+        registry = codecs if codecs is not None else process_codecs()
+        values: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            try:
+                form = registry.key_form(value)
+                canonical_bytes(form)
+            except (CodecError, CanonicalError) as exc:
+                raise CacheError(
+                    "key_uncomputable",
+                    f"step {self.identity}: argument {name!r} (a {type(value).__module__}.{type(value).__qualname__})"
+                    f" has no key: {exc.message}. Pass plain data or a type with a value codec (register one through"
+                    f" the `{HOOK_NAME}` plugin hook), or write the object to a file and declare that file in"
+                    " reads=[...]",
+                    cause=exc,
+                    step=self.identity,
+                    argument=name,
+                ) from exc
+            values[name] = form
+        return bound, values
+
+    def environment_for(self, runtime_defaults: Mapping[str, Any]) -> dict[str, Any]:
+        env = default_environment()
+        base = runtime_defaults.get("environment")
+        if isinstance(base, Mapping):
+            env.update(base)
+        if self.environment:
+            env.update(self.environment)
+        return env
+
+
+def _task_run_ids() -> tuple[str | None, int]:
+    from prefect.context import TaskRunContext
+
+    trc = TaskRunContext.get()
+    if trc is None or trc.task_run is None:
+        return None, 1
+    return str(trc.task_run.id), max(1, int(trc.task_run.run_count or 1))
+
+
+def _run_step(
+    spec: _StepSpec,
+    ctx: StepContext | None,
+    as_state: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_loop: _BodyOnLoop | None = None,
+) -> Any:
+    bound, values = spec.arguments(args, kwargs)  # typed refusal before any write
+    if ctx is None:
+        ctx = context_for_call()
+    scope = standalone_run(f"step/{spec.identity}") if ctx is None else nullcontext(ctx)
+    with scope as run_ctx:
+        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop)
+
+
+def _dispatch(
+    spec: _StepSpec,
+    ctx: StepContext,
+    as_state: bool,
+    bound: inspect.BoundArguments,
+    values: dict[str, Any],
+    on_loop: _BodyOnLoop | None,
+) -> Any:
+    rt = ctx.spec.open()
+    task_run_id, attempt = _task_run_ids()
+    draft = spec.draft(values)
+    env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
+    request = node_request(
+        draft,
+        run_id=ctx.run_id,
+        workspace=rt.workspace,
+        measurer=rt.dispatcher.measurer,
+        environment=env,
+        attempt=attempt,
+        subject=spec.identity,
+    )
+    # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
+    # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
+
+    def execute(root: Path) -> Any:
+        with waits_forbidden(f"the body of @step {spec.identity!r}"):
+            lead = (Workspace(root),) if spec.takes_workspace else ()
+            out = spec.fn(*lead, *bound.args, **bound.kwargs)
+            # An async step: its coroutine runs on the task run's loop while this thread waits for it.
+            if on_loop is not None:
+                return on_loop.run(out)
+            return out
+
+    result = rt.dispatcher.dispatch(request, execute)
+    payload = _payload(spec, result, attempt, task_run_id)
+    record_settled(rt, ctx.run_id, ctx.owner, payload, hit=result.outcome == "clean")
+    _tell(spec, ctx, rt, draft, result, attempt, task_run_id)
+    if result.outcome == "failed":
+        err = result.error
+        if isinstance(err, BaseException):
+            raise err
+        raise CacheError("not_found", f"step {spec.identity} failed without an error")  # pragma: no cover
+    if result.outcome == "clean" and as_state:
+        from prefect.states import Completed
+
+        return Completed(name="Cached", message=f"{_HIT_MESSAGE}{result.key}", data=result.value)
+    return result.value
+
+
+def _payload(spec: _StepSpec, result: Any, attempt: int, task_run_id: str | None) -> dict[str, Any]:
+    """The ``step-settled`` record (plain JSON)."""
+    payload: dict[str, Any] = {
+        "step": spec.identity,
+        "node": spec.name,
+        "dispatch_key": result.key,
+        "outcome": result.outcome,
+        "decision": None if result.decision is None else result.decision.tag,
+        "attempt": attempt,
+    }
+    tier = getattr(result.decision, "tier", None)
+    if tier is not None:
+        payload["tier"] = tier  # where a verified hit came from: local | shared | attempt
+    if task_run_id is not None:
+        payload["task_run_id"] = task_run_id
+    if result.error is not None:
+        payload["error"] = error_line(result.error)
+    payload["ms"] = round(sum(dict(result.timings).values()), 3)
+    return payload
+
+
+def _tell(
+    spec: _StepSpec,
+    ctx: StepContext,
+    rt: Any,
+    draft: NodeDraft,
+    result: Any,
+    attempt: int,
+    task_run_id: str | None,
+) -> None:
+    """Mirror the settlement to plugins' observers and as a Prefect event (never changes the outcome)."""
+    decision = None if result.decision is None else result.decision.tag
+    if rt.plugins.has_observers("smthrs_node_settled"):
+        rt.plugins.notify_node_settled(
+            ctx.run_id,
+            None,
+            Settlement(
+                node=spec.name,
+                outcome=result.outcome,
+                plan_key=plan_key(draft, {}),
+                dispatch_key=result.key,
+                attempts=attempt,
+                rebases=0,
+                cache_decision=decision,
+                error=error_line(result.error),
+            ),
+        )
+    _events.emit(
+        _events.step_settled(
+            run_id=ctx.run_id,
+            step=spec.identity,
+            node=spec.name,
+            attempt=attempt,
+            dispatch_key=result.key,
+            outcome=result.outcome,
+            cache_decision=decision,
+            tier=getattr(result.decision, "tier", None),
+            error=error_line(result.error),
+            timings_ms=dict(result.timings),
+            task_run_id=task_run_id,
+            flow_run_id=ctx.flow_run_id,
+        )
+    )
+    _events.emit(
+        _events.cache_refused(
+            run_id=ctx.run_id,
+            subject=spec.identity,
+            kind="step",
+            dispatch_key=result.key,
+            decision=result.decision,
+            outcome=result.outcome,
+            task_run_id=task_run_id,
+            flow_run_id=ctx.flow_run_id,
+            subject_resource=_events.step_resource_id(spec.identity),
+        )
+    )
+    if ctx.flow_run_id is not None and ctx.owner.pid == os.getpid():
+        # A @step flow run has no Report: its page names its smthrs run once (the flow run's own process only;
+        # a worker process would attach a duplicate version of the same artifact).
+        _events.describe_flow_run(ctx.run_id, ctx.flow_run_id)
+
+
+class _Call:
+    """The hidden argument: the run context plus whether a hit may be returned as a ``Cached`` state."""
+
+    __slots__ = ("ctx", "as_state")
+
+    def __init__(self, ctx: StepContext | None, as_state: bool) -> None:
+        self.ctx = ctx
+        self.as_state = as_state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Call, (self.ctx, self.as_state))
+
+    def __repr__(self) -> str:
+        return f"<smthrs call {self.ctx!r}>"
+
+
+class _BodyOnLoop:
+    """Runs an async step's coroutine on the event loop of its task run, for the dispatch thread that waits for it.
+
+    The dispatch thread calls :meth:`run` from inside ``execute`` (sandbox ready, wait ban set): the coroutine is
+    scheduled on ``loop`` with that thread's context (``call_soon_threadsafe`` copies it), so the body sees the
+    task run's Prefect context and the wait ban exactly as a sync body does. :meth:`cancel` (the awaiting task was
+    cancelled) cancels a running body, or refuses one that has not started yet."""
+
+    __slots__ = ("loop", "_lock", "_future", "_cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._future: concurrent.futures.Future[Any] | None = None
+        self._cancelled = False
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        with self._lock:
+            if self._cancelled:
+                coro.close()
+                raise concurrent.futures.CancelledError(
+                    "the task run was cancelled before the step body started"
+                )
+            self._future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self._future.result()  # the body's own exception, or CancelledError if it was cancelled
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._future is not None:
+                self._future.cancel()
+
+
+async def _settle_in_thread(
+    spec: _StepSpec, call: _Call, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Run an async step's dispatch in a thread of its own (one per call: concurrent awaits stay concurrent, no
+    capped pool) while this coroutine awaits it without blocking the loop; the body runs back on this loop."""
+    loop = asyncio.get_running_loop()
+    on_loop = _BodyOnLoop(loop)
+    settled: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()  # the task run's context: Prefect's TaskRunContext, the flow run
+
+    def deliver(ok: bool, value: Any) -> None:
+        if settled.done():  # pragma: no cover - only this thread settles it
+            return
+        if ok:
+            settled.set_result(value)
+        else:
+            settled.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (
+                True,
+                context.run(_run_step, spec, call.ctx, call.as_state, args, kwargs, on_loop),
+            )
+        except BaseException as exc:
+            # Handed to the awaiting task as is: the step's own error, re-raised there, never swallowed.
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(deliver, *outcome)
+        except RuntimeError:  # the loop is closed: nobody awaits this call any more; its dispatch has settled
+            log.warning("step %s settled after its event loop closed: %r", spec.identity, outcome[1])
+
+    threading.Thread(target=work, name=f"smthrs-step-{spec.name}").start()
+    try:
+        return await asyncio.shield(settled)
+    except asyncio.CancelledError:
+        # The task run was cancelled (timeout, flow cancellation): cancel the body, then let the dispatch settle —
+        # it journals the cancelled body as a failed build — before the cancellation propagates, so no copy-back
+        # or record outlives the task run. The cancellation, not the body's CancelledError, is what propagates.
+        on_loop.cancel()
+        await asyncio.wait([settled])
+        if not settled.cancelled():
+            settled.exception()  # retrieved (journaled as the failure) so asyncio does not report it unretrieved
+        raise
+
+
+def _value_of(out: Any) -> Any:
+    """The value of a direct call: a hit's body returned OUR ``Cached`` state (so the task run shows Cached) and
+    Prefect hands that state back to a direct call — unwrap it; anything else is already the value."""
+    from prefect.client.schemas.objects import State
+
+    if not (isinstance(out, State) and out.name == "Cached" and (out.message or "").startswith(_HIT_MESSAGE)):
+        return out
+    from prefect.results import ResultRecord
+
+    data = out.data
+    return data.result if isinstance(data, ResultRecord) else data
+
+
+async def _awaited_value(out: Coroutine[Any, Any, Any]) -> Any:
+    return _value_of(await out)
+
+
+def _make_body(spec: _StepSpec) -> Callable[..., Any]:
+    def sync_body(*args: Any, **kwargs: Any) -> Any:
+        call = kwargs.pop(CONTEXT_PARAM, None)
+        if call is None:
+            call = _Call(None, False)
+        return _run_step(spec, call.ctx, call.as_state, args, kwargs)
+
+    async def async_body(*args: Any, **kwargs: Any) -> Any:
+        call = kwargs.pop(CONTEXT_PARAM, None)
+        if call is None:
+            call = _Call(None, False)
+        return await _settle_in_thread(spec, call, args, kwargs)
+
+    body: Callable[..., Any] = async_body if spec.is_async else sync_body
+    body.__name__ = spec.fn.__name__
+    body.__qualname__ = spec.fn.__qualname__
+    body.__module__ = spec.fn.__module__
+    body.__doc__ = spec.fn.__doc__
+    body.__signature__ = spec.task_signature  # type: ignore[attr-defined]
+    return body
+
+
+class Step(prefect.Task):  # type: ignore[type-arg]
+    """A Prefect task whose body goes through the smthrs cache (see the module docstring). Build it with
+    :func:`step`."""
+
+    def __init__(
+        self, fn: Callable[..., Any], *, spec_options: Mapping[str, Any], task_options: Mapping[str, Any]
+    ) -> None:
+        refused = sorted(set(task_options) & _REFUSED_OPTIONS)
+        if refused:
+            raise CacheError(
+                "invalid_declaration",
+                f"@step does not take Prefect caching options {refused}: smthrs owns caching (Prefect's is off for"
+                " steps); remove them",
+            )
+        spec = _StepSpec(fn, **spec_options)
+        self.step_spec = spec
+        self._spec_options = dict(spec_options)
+        self._task_options = dict(task_options)
+        # No implicit tag: every tagged task run acquires (and releases) Prefect concurrency slots through the API,
+        # ~2 round trips per call — the user's own tags opt into that, we do not impose it.
+        super().__init__(
+            _make_body(spec),
+            name=spec.name,
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            **task_options,
+        )
+
+    def __call__(self, *args: Any, return_state: bool = False, wait_for: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Run the step as a task run and return its value (a coroutine of it for an async step). A hit's task
+        run ends ``Cached``; Prefect then returns that state to a direct call, which is unwrapped here. A failure
+        raises the step's own error (Prefect's ``result`` path re-raises it untouched)."""
+        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
+        out = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        if return_state:
+            return out
+        if inspect.iscoroutine(out):
+            return _awaited_value(out)
+        return _value_of(out)
+
+    def submit(self, *args: Any, return_state: bool = False, wait_for: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
+        return super().submit(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+
+    def map(
+        self,
+        *args: Any,
+        return_state: bool = False,
+        wait_for: Any = None,
+        deferred: bool = False,
+        **kwargs: Any,
+    ) -> Any:  # type: ignore[override]
+        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
+        return super().map(*args, return_state=return_state, wait_for=wait_for, deferred=deferred, **kwargs)
+
+    def with_options(self, **options: Any) -> Step:  # type: ignore[override]
+        """A copy with other Prefect options (``name=`` also renames the step node); caching options refused."""
+        spec_options = dict(self._spec_options)
+        if "name" in options:
+            spec_options["name"] = options.pop("name")
+        return Step(
+            self.step_spec.fn, spec_options=spec_options, task_options={**self._task_options, **options}
+        )
+
+    def __repr__(self) -> str:
+        return f"Step({self.step_spec.identity})"
+
+
+def step(
+    fn: F | None = None,
+    *,
+    reads: Iterable[Any] = (),
+    writes: Iterable[Any] = (),
+    removes: Iterable[Any] = (),
+    boundary: str = "hard",
+    tier: str = "sealed",
+    name: str | None = None,
+    nondeterministic: bool = False,
+    environment: Mapping[str, Any] | None = None,
+    **task_options: Any,
+) -> Any:
+    """Turn ``fn`` into a cached Prefect task (see the module docstring).
+
+    ``reads`` / ``writes`` / ``removes``: workspace-relative paths, globs (``"src/**"``) or trees (``"dist/"``);
+    ``boundary``: ``"hard"`` refuses undeclared writes, ``"expected"`` records them (never shared); ``tier``:
+    ``"sealed"`` (shared cache), ``"compensable"`` / ``"irreversible"`` (replayed inside one flow run only);
+    ``name``: the task and node name (default: the function name); ``environment``: plain JSON added to the key;
+    ``nondeterministic``: keep the first result published for a key instead of refusing a different one;
+    ``task_options``: any other ``prefect.task`` option (``retries``, ``retry_delay_seconds``, ``tags``,
+    ``timeout_seconds``, ``task_run_name`` ...)."""
+
+    def wrap(f: F) -> Step:
+        if not callable(f) or inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
+            raise CacheError(
+                "invalid_declaration",
+                f"@step decorates functions and coroutine functions (async def), not {f!r} (generator steps are "
+                "not supported: a cached step returns one value); return a list instead",
+            )
+        spec_options = {
+            "name": name or f.__name__,
+            "reads": tuple(reads),
+            "writes": tuple(writes),
+            "removes": tuple(removes),
+            "boundary": boundary,
+            "tier": tier,
+            "nondeterministic": nondeterministic,
+            "environment": environment,
+        }
+        return Step(f, spec_options=spec_options, task_options=task_options)
+
+    return wrap(fn) if fn is not None else wrap
