@@ -1,3 +1,9 @@
-"""Durable engine state over the store: journal, runs, ownership (fence, liveness, heartbeat, stale sweep),
-attempts, recovery. Import from the concept modules (``smthrs_plugin.records._runs`` ...); nothing is re-exported
-here so that importing one concept never pays for the others."""
+"""The engine: what runs DO over their durable records — ownership (claim, heartbeat, steal on evidence),
+driving (activate, run, end in one durable transition; sweeps), durable waits as flow code calls them, the run
+context, cancellation through the run DAG, lifecycle facts and disaster recovery.
+
+Invariant: the engine holds no SQL. Every row it reads or writes goes through its owner in ``records`` (runs,
+journal, attempts, waits, run DAG), so a transition and the records it journals compose in ONE transaction the
+owner defines. Concepts are packages (``ownership``, ``drive``, ``waits``) or private modules (``_context``,
+``_cancellation``, ``_facts``, ``_recovery``).
+"""

@@ -6,3 +6,10 @@ above calls these owners and never imports a table. Owners expose ``*_in(conn, .
 composes one transaction (a fenced run update and its journal record commit together), and small frozen result
 types. Nothing here imports ``engine`` or anything above it.
 """
+
+from ._attempts import AttemptStore
+from ._journal import Journal
+from ._runs import RunStore
+from ._waits import WaitStore
+
+__all__ = ["AttemptStore", "Journal", "RunStore", "WaitStore"]

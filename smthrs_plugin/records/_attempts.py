@@ -37,7 +37,7 @@ from ._runs import OwnerId, Undecodable, assert_owner, json_column, json_text
 __all__ = ["AttemptStore", "AttemptRecord", "AttemptStarted", "AttemptCompleted", "AttemptFailed"]
 
 # The logger keeps the name operators configure (it predates the move to records/).
-log = logging.getLogger("smthrs_plugin.records._attempts")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 # The logger keeps the name operators configure (it predates the move to records/).
-log = logging.getLogger("smthrs_plugin.records._journal")
+log = logging.getLogger(__name__)
 
 MAX_READ_LIMIT = 1000
 _MAX_TEXT = 1024

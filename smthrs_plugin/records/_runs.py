@@ -175,7 +175,7 @@ __all__ = [
 ]
 
 # The logger keeps the name operators configure (it predates the move to records/).
-log = logging.getLogger("smthrs_plugin.records._runs")
+log = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT = 1000
 _MAX_ID = 1024

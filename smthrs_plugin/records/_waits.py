@@ -76,7 +76,7 @@ from ._wait_rows import (
 __all__ = ["WaitStore", "MAX_LIST_LIMIT"]
 
 # The logger keeps the name operators configure (it predates the move to records/).
-log = logging.getLogger("smthrs_plugin.records._waits")
+log = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT = 1000
 _MAX_NAME = 1024

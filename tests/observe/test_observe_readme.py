@@ -17,8 +17,7 @@ def test_readme_observe_example_runs(
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     import smthrs_plugin as sp
-    from smthrs_plugin.observe import Metrics, feed, list_runs, snapshot
-    from smthrs_plugin.observe import _watch as watch
+    from smthrs_plugin.observe import Metrics, feed, list_runs, snapshot, watch
 
     reader = InMemoryMetricReader()  # e.g. PeriodicExportingMetricReader(OTLPMetricExporter()) in production
     metrics = Metrics(MeterProvider(metric_readers=[reader]))

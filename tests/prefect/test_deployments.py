@@ -238,6 +238,9 @@ def _run_status(served: Served, run_id: str) -> str | None:
 
 def _assert_one_run_each_step_once(served: Served, flow_run_id: str, tag: str, got: str) -> list[Any]:
     run_id = f"prefect-{flow_run_id}"
+    # Prefect shows the flow run Completed before its on_completion hook (which flushes buffered hit records and
+    # settles the smthrs run) has run in the runner's process: wait for the settlement, never assume it.
+    _until(lambda: _run_status(served, run_id) == "completed", f"run {run_id} completed", served)
     assert _runs_of(served, flow_run_id) == [run_id]  # re-executions reclaimed it: no fresh suffix
     assert _marks(served, tag) == ["first", f"second:{got}"]  # each step body once
     events = _journal(served, run_id)
@@ -251,7 +254,6 @@ def _assert_one_run_each_step_once(served: Served, flow_run_id: str, tag: str, g
     assert outcomes == [("depflow:first", "built"), ("depflow:first", "clean"), ("depflow:second", "built")]
     records = [e.payload for e in events if e.type == "prefect-flow-run"]
     assert len(records) == 1 and records[0]["flow_run_id"] == flow_run_id and records[0]["deployment_id"]
-    assert _run_status(served, run_id) == "completed"
     return events
 
 

@@ -13,10 +13,9 @@ def test_readme_store_example_runs(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     # --- README example (keep identical to the README section "Durable store") ---
-    from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
-    from smthrs_plugin.records._journal import Journal
-    from smthrs_plugin.records._runs import RunStore
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.engine.ownership import Activated, Ownership
+    from smthrs_plugin.records import Journal, RunStore
+    from smthrs_plugin.stores import open_database
 
     db = open_database("sqlite:///.smthrs/state.db")  # creates + migrates; or postgresql+psycopg://...
     runs, journal = RunStore(db), Journal(db)
