@@ -1,5 +1,5 @@
 """The local cache tier: one ``step_cache`` row per entry in the runtime database (rows owned by
-``records.cache_index``, which holds their SQL; this module holds the tier's rules).
+``records._cache_index``, which holds their SQL; this module holds the tier's rules).
 
 Invariants
 - Row key: a ``shared``-scope row (admissible evidence, servable to any run using this database) is keyed by
@@ -101,7 +101,7 @@ def row_key_of(entry: CacheEntry) -> str:
 
 
 class LocalTier:
-    """The local cache tier of one database (its rows are the cache index, ``records.cache_index``)."""
+    """The local cache tier of one database (its rows are the cache index, ``records._cache_index``)."""
 
     def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.db = db

@@ -6,7 +6,7 @@ step — ``sp.require_approval(request_id, envelope=...)`` in a ``@step`` flow, 
 ``approval: {request, envelope}`` (:class:`NodeGate`) — and decides something inside a run that already started.
 
 Invariants
-- **Authority** (``authority.py``): asked before any read or replay and again inside the resolving transaction.
+- **Authority** (``_authority.py``): asked before any read or replay and again inside the resolving transaction.
 - **Registration is idempotent.** ``register(run, request)`` creates the token once and answers its current state
   (``PendingApproval | Approved | Denied``) afterwards; a changed digest or envelope for the same request is refused
   (``plan_digest_mismatch`` / ``envelope_mismatch``), never re-aimed. A new request already covered by an earlier

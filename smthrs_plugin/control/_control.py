@@ -2,7 +2,7 @@
 ``show``.
 
 Every mutation crosses the identity boundary first (``identity.Mutation``: copy, decode, bound, durable key,
-fingerprint) and answers a receipt (``receipts.py``); ``plan`` answers a :class:`~.cards.PlanCard`.
+fingerprint) and answers a receipt (``_receipts.py``); ``plan`` answers a :class:`~.cards.PlanCard`.
 
 Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"; SEMANTICS.md §7)
 - **Receipts.** Only ``Accepted`` is recorded, with the mutation, in its one transaction. A same-key retry with
@@ -23,7 +23,7 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
   transaction when no launcher takes the launch; ``control.run.running`` / ``completed`` / ``failed`` /
   ``cancelled`` commit with the run driver's activation and settlement (``engine.facts.control_running_in`` /
   ``control_settled_in``), a refused launch's ``failed`` and an unowned run's ``cancelled`` with their row change
-  (``launch.py``). Each carries ``{factVersion: 1, baseline, run}``: a transition that rolls back leaves none.
+  (``_launch.py``). Each carries ``{factVersion: 1, baseline, run}``: a transition that rolls back leaves none.
 - **Decisions**: authorize (before any read or replay) → terminality (node) → replay → one transaction:
   ``Approvals.decide_in`` (token, checks, decision, grant, journal, resume delegation) + the receipt.
 - **Signals** deliver a value to a run's deferred ``NAME`` (what ``sp.wait_for(NAME)`` returns): replay first (a

@@ -15,7 +15,7 @@ Invariants
 - **Lifecycle facts.** Every ``control.run.*`` lifecycle entry written here carries ``{factVersion: 1, baseline,
   run}`` (``engine.facts.append_control_lifecycle_in``), ``run`` read after the row change in its transaction.
 - **No table here.** The run-row statements (:class:`RunRow` and its read, the claim compare-and-set) are the
-  runs owner's (``records.runs``), closing a settled run's clocks is the waits owner's; this module judges.
+  runs owner's (``records._runs``), closing a settled run's clocks is the waits owner's; this module judges.
 - **Cancelling an unowned run** (``pending`` or ``suspended``) settles it ``cancelled`` at once
   (:func:`cancel_unowned_in`), conditioned on that status inside the transaction; an activation racing it reads
   a terminal row and stops. A running run only gets the request: its owner observes it at its next heartbeat.

@@ -6,8 +6,8 @@ record in the run's partition IN THE SAME TRANSACTION as the row change, and tha
 change. So the journal alone replays the semantic run view, and a rolled-back transition leaves no fact behind.
 
 The execution fact itself (its columns, observation and ``fact_of``) is owned by the runs owner
-(``records.runs``) and re-exported here; this module adds the control plane's lifecycle facts (the admission
-state they depend on is read through the control records' owner, ``records.control``).
+(``records._runs``) and re-exported here; this module adds the control plane's lifecycle facts (the admission
+state they depend on is read through the control records' owner, ``records._control``).
 
 ``baseline`` names where the run's unbroken fact stream starts: ``created`` (its creation fact) or ``legacy`` (a
 later complete fact, for a run whose earlier history carries no facts; a fold then claims nothing about the

@@ -14,7 +14,7 @@ Invariants
     (atexit), so nothing waits for the 30 s lease. If that id is already settled or held, the flow run journals
     into a fresh suffix and says so: steps are content-addressed, the run is only their journal.
   * *driven* (a :class:`~smthrs_plugin.engine.drive._driver.RunDriver` drives a run of the flow: ``smthrs worker``,
-    :func:`~smthrs_plugin.hosts._flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
+    :func:`~smthrs_plugin.hosts._flows.durable_run`): the adapter in ``_flows.py`` calls the flow with the driver's
     run context; the flow run binds to THAT run, and the driver concludes it.
 - **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
   ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.

@@ -494,7 +494,7 @@ def latest_payload_json_in(conn: Connection, partition: str, type: str) -> str |
 def addressed_seq(partition: Any, source_id: str, source_seq: int) -> Any:
     """A scalar subquery: the sequence of the entry of ``partition`` (a value or bind parameter) at the idempotency
     address ``(source_id, source_seq)``, NULL when there is none — for an owner that probes an address in a
-    statement of its own (one round trip; ``records.control``: a run's ``control.run.accepted``)."""
+    statement of its own (one round trip; ``records._control``: a run's ``control.run.accepted``)."""
     return (
         sa.select(_J.seq)
         .where(_J.partition == partition, _J.source_id == source_id, _J.source_seq == source_seq)

@@ -1,4 +1,4 @@
-"""Decoded rows and outcome unions of durable waits (``waits.py``): deferreds, clocks and the waiting taxonomy.
+"""Decoded rows and outcome unions of durable waits (``records/_waits.py``): deferreds, clocks and the waiting taxonomy.
 
 Invariants:
 

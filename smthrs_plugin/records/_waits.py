@@ -20,7 +20,7 @@ Invariants (seed 004, "Durable waits"; SEMANTICS.md §5):
   claimable by any driver) and journals ``run-woken``; ``complete_deferred(..., wake=True)`` and
   ``complete_clock(..., wake=True)`` wake in the completing transaction, so a crash between the two is impossible.
 - Every mutation journals its record in the run's partition in the same transaction; the lifecycle ones carry the
-  run's execution fact (``facts.py``). A mutation that returned is durable: callers wake in-process waiters
+  run's execution fact (``_facts.py``). A mutation that returned is durable: callers wake in-process waiters
   (the wake bus) only after it returns.
 - **Corruption is local.** List reads (``pending_clocks``, ``due_clocks``, ``completed_deferreds``,
   ``waiting_runs``) skip a row that does not decode with one warning naming its key, so one bad row cannot stop a

@@ -1,5 +1,5 @@
 """A run's input observations: source pins, the environment fingerprint, and stop-merge decisions (their rows
-are ``records.plans``'s, which holds their SQL; ``MergeStore`` lives there and is re-exported here).
+are ``records._plans``'s, which holds their SQL; ``MergeStore`` lives there and is re-exported here).
 
 Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
 - **Source vs produced reads.** A read entry of node N is *produced* when a node earlier in plan order produces

@@ -48,7 +48,7 @@ Invariants
   by the scheduler before its attempt begins (``PlanScheduler(gate=...)``; the runtime wires the control plane's
   ``NodeGate``, which parks the run ``waiting-approval`` until the request is decided); a scheduler without a gate
   fails such a node rather than silently skipping the gate. A ``wait:`` node (``{seconds: N}`` or ``{until: ISO-8601}``, no action) is a durable timer the scheduler
-  runs itself (``timer.py``); its spec is checked here, at load.
+  runs itself (``_timer.py``); its spec is checked here, at load.
 """
 
 from __future__ import annotations

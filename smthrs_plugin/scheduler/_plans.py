@@ -1,5 +1,5 @@
 """The plan store: persisted, content-addressed plan generations (``record`` / ``append``); the rows are
-``records.plans``'s, this module holds the rules (verification, journaling).
+``records._plans``'s, this module holds the rules (verification, journaling).
 
 Invariants (seed "Drive a plan to completion")
 - Append-only and first writer wins: a generation is stored once under ``(plan_id, digest)`` with only the

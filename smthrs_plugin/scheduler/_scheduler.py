@@ -14,7 +14,7 @@ Invariants
   terminalise the run: the run driver owns the run's lifecycle (``runtime.Runtime`` provides a local one).
 - Before the first dispatch of a run, its source pins and environment fingerprint are persisted; reopening the
   same run restores them and refuses a changed environment, plan id or approved base (``invalid_plan``). See
-  ``inputs.py``.
+  ``_inputs.py``.
 - A node's own failure is an outcome (``failed``); its cone settles ``skipped``; siblings outside it keep
   running. ``SchedulerError`` is a refusal of the scheduler itself: ``invalid_plan``, ``boundary_unavailable``,
   ``key_uncomputable``, ``elaboration_failed``, ``store_failed`` (with ``cleanup_errors``). One raised mid-run
@@ -332,7 +332,7 @@ class PlanScheduler:
 
     # ------------------------------------------------------------------------------------- input identity
     def _open(self, plan: Plan) -> tuple[Plan, InputHead, list[Any], list[Any]]:
-        """Create or restore the run's input head (see ``inputs.py``); the plan to run, with its generations."""
+        """Create or restore the run's input head (see ``_inputs.py``); the plan to run, with its generations."""
         head = self.inputs.load(self.run_id)
         prior = self.attempts.list(self.run_id)
         fingerprint = environment_fingerprint(self.environment)

@@ -9,7 +9,7 @@ Invariants
   scheduling step (an admission pass, a batch of completions, a reconciliation page), in the order they were
   decided; jobs are submitted only after the transaction that began their attempt rows committed. Batching
   never splits a settlement from its attempt row: a dispatched node's attempt row, ``attempt-finished`` and
-  final ``node-settled`` commit in the dispatch seam's transaction (``job.py``).
+  final ``node-settled`` commit in the dispatch seam's transaction (``_job.py``).
 - Preparation reads source pins (never re-measured) and measures produced reads now; a measurement failure is
   ``SchedulerError(boundary_unavailable)`` with its cause, raised before an attempt or cache row exists.
 - :meth:`RunSession.fail_running` (after an interrupt) marks every attempt the owner still has ``started`` in

@@ -3,7 +3,7 @@
 package's public names.
 
 Table modules of other concepts (declared on ``schema.metadata``) are registered below, so that any import of the
-store sees the whole schema (the migration diff test, ``metadata.create_all`` in tools) without ``schema.py``
+store sees the whole schema (the migration diff test, ``metadata.create_all`` in tools) without ``_schema.py``
 importing them back (an import circle).
 """
 

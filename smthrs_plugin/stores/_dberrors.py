@@ -18,7 +18,7 @@ __all__ = ["connect", "sqlstate", "store_error", "RETRY_SQLSTATES", "NamedDataba
 
 class NamedDatabase(Protocol):
     """What an error message needs of a database: its URL and dialect. A protocol, not ``Database``, so this
-    module sits below ``database.py`` instead of closing an import circle with it."""
+    module sits below ``_database.py`` instead of closing an import circle with it."""
 
     @property
     def url(self) -> str: ...

@@ -5,7 +5,7 @@ Invariants:
 
 - **One path.** Every drive — a direct :meth:`RunDriver.drive`, a fired clock, a woken or released run, a stale
   run stolen from a dead owner, a cancellation — goes through the ordinary claim/steal/activate arbitration
-  (``ownership.py``) and ends in exactly one durable transition (``active_run.py``). A process never drives the
+  (``ownership/_arbiter.py``) and ends in exactly one durable transition (``_active_run.py``). A process never drives the
   same run twice at once.
 - **Registry.** ``register(flow, fn)`` maps a flow name to ``fn(ctx) -> value | FlowCompleted | FlowFailed |
   FlowParked`` (or raising). Registration does its own recovery: it re-arms the flow's pending clocks
@@ -17,7 +17,7 @@ Invariants:
 - **Sweeps** run on the heartbeat cadence (``tick``): clock fires (due clocks of registered flows, retried
   100 ms doubling to 30 s, forever, by default), (1) parked and pending runs with a cancellation request,
   (2) runs parked ``released`` and pending runs of registered flows, (3) stale ``running`` rows (64 per tick,
-  oldest heartbeat first, refusal backoff: ``stale_sweep.py``). In between, the loop sleeps until the earliest
+  oldest heartbeat first, refusal backoff: ``_stale_sweep.py``). In between, the loop sleeps until the earliest
   deadline this process knows of, so a clock armed here fires at its deadline rather than at the next tick.
 - **Shutdown releases, never cancels.** :meth:`RunDriver.stop` interrupts the runs it drives with ``shutdown``
   (their waits raise ``RunReleased``), waits a grace period, then releases whatever is still running; every run

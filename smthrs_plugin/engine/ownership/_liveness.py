@@ -6,7 +6,7 @@ cross-host-unreachable-stale`` for steals). The arbiter (``ownership.Ownership``
 
 - The lease expires at EXACTLY ``stale_after`` (30,000 ms) of heartbeat age (SEMANTICS.md §5, seed 004: "``isAlive``
   decides whether a run whose lease has expired may be stolen"). No skew is added: the skew allowance only derives
-  the owner's self-interrupt write tolerance (30 − 10 − 1 = 19 s, ``heartbeat.py``). A check is consulted only for
+  the owner's self-interrupt write tolerance (30 − 10 − 1 = 19 s, ``_heartbeat.py``). A check is consulted only for
   an expired lease — the arbiter (``Ownership._arbitrate``, ``control.launch.judge_claim``) answers a fresh lease
   itself without asking — and each shipped check also answers ``lease-fresh`` for a fresh lease on its own, so
   no caller can make it steal early.
