@@ -1,4 +1,4 @@
-"""control/cards.py: envelopes compared by canonical bytes, the plan card digest, and the approval payload."""
+"""control/_cards.py: envelopes compared by canonical bytes, the plan card digest, and the approval payload."""
 
 from __future__ import annotations
 

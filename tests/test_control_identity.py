@@ -1,4 +1,4 @@
-"""control/identity.py: the identity boundary (copy + decode + bounds), durable keys and fingerprints.
+"""control/_identity.py: the identity boundary (copy + decode + bounds), durable keys and fingerprints.
 
 The fuzz test generates hostile inputs (subclasses, objects with properties/__getattr__/__iter__, cycles, deep
 nesting, shared DAGs, huge containers and strings, unsafe ints, NaN, lone surrogates) and checks three things:

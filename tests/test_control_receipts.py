@@ -1,4 +1,4 @@
-"""control/receipts.py: the five receipts, their wire form, and the replay rule."""
+"""control/_receipts.py: the five receipts, their wire form, and the replay rule."""
 
 from __future__ import annotations
 

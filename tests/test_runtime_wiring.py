@@ -33,7 +33,7 @@ WIRED_ON_TOP = {
 TOP_LAYER = ("cli", "hosts", "serve")
 #: Commands that only read or fence ONE database named by --db (no workspace): a runtime would create a workspace
 #: and a signing key in the current directory as a side effect of reading.
-DATABASE_ONLY = {"cli/runs.py", "cli/watch.py", "cli/recover.py"}
+DATABASE_ONLY = {"cli/_runs.py", "cli/_watch.py", "cli/_recover.py"}
 
 
 def _constructions(path: Path) -> list[tuple[int, str]]:
