@@ -43,6 +43,7 @@ from ..stores._control_tables import (
     control_runs,
     control_tokens,
 )
+from ..stores._database import DriverStatement
 from ._journal import addressed_seq
 
 __all__ = [
@@ -621,9 +622,13 @@ def insert_resume_in(
 
 # -- a run's admission state (the control lifecycle facts' producer asks) ---------------------------------------------
 
-_ADMISSION_STATE = sa.select(
-    sa.select(_A.run_id).where(_A.run_id == sa.bindparam("b_run_id")).scalar_subquery(),
-    addressed_seq(sa.bindparam("b_run_id"), ACCEPTED_SOURCE, 0),
+# Asked on every activation and settlement of every run (to learn that most runs are not control-admitted): a
+# prepared driver statement, so the probe does not cost the fenced transition it rides on a SQLAlchemy execution.
+_ADMISSION_STATE = DriverStatement(
+    sa.select(
+        sa.select(_A.run_id).where(_A.run_id == sa.bindparam("b_run_id")).scalar_subquery(),
+        addressed_seq(sa.bindparam("b_run_id"), ACCEPTED_SOURCE, 0),
+    )
 )
 
 
@@ -631,5 +636,7 @@ def admission_state_in(conn: Connection, run_id: str) -> tuple[bool, bool]:
     """``(admitted, accepted)`` of ``run_id`` on ``conn``: whether the control plane admitted it (a
     ``control_runs`` row) and whether its ``control.run.accepted`` is journaled at ``(run, ACCEPTED_SOURCE, 0)``.
     One round trip, two primary/unique-key probes."""
-    admitted, accepted_seq = conn.execute(_ADMISSION_STATE, {"b_run_id": run_id}).one()
+    row = _ADMISSION_STATE.first(conn, {"b_run_id": run_id})
+    assert row is not None  # a SELECT of two scalar subqueries always answers one row
+    admitted, accepted_seq = row
     return admitted is not None, accepted_seq is not None
