@@ -14,6 +14,10 @@ export PREFECT_SERVER_LOGGING_LEVEL ?= CRITICAL
 export PREFECT_LOGGING_ROOT_LEVEL ?= CRITICAL
 # Prefect waits only 20 s for its ephemeral server; a first start on a fresh, busy 2-core machine needs longer.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers (0: in one process). A worker is a session of its
+# own (Prefect server, moto server, temporary tree); `--dist loadfile` keeps a test file's module fixtures on one.
+# Most tests wait on subprocesses, servers and fsync, so two workers halve the wall time even on 2 cores.
+TEST_WORKERS ?= 2
 # `make test-stress`: the suite STRESS_RUNS times in a row with every core kept busy (.ci/stress).
 STRESS_RUNS ?= 3
 
@@ -37,7 +41,7 @@ demo: $(STAMP_RUN)
 
 test: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-stress: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)

@@ -33,8 +33,10 @@ os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = None  # forget the cached default so this process uses it too
 atexit.register(shutil.rmtree, _SESSION_TMP, True)
 
-# Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md).
-if "PREFECT_HOME" not in os.environ:
+# Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md). Under pytest-xdist every worker is a
+# session of its own (its own Prefect server, moto server and temporary tree): it gets its own client home too, so
+# two workers never write one profile or memo file at once.
+if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="smthrs-prefect-home-")
 for _k, _v in {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
