@@ -50,14 +50,14 @@ from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
 from ..engine._cancellation import cancel_run
 from ..engine._context import DEFAULT_BUS
-from ..engine._facts import BASELINE_CREATED, append_control_lifecycle_in
+from ..engine._facts import append_control_lifecycle_in
 from ..engine.ownership._liveness import LeaseLiveness, LivenessCheck
 from ..engine.waits._flow_waits import HostWake, HostWaker, tell_host
 from ..errors import ControlError, StoreError
 from ..observe._catalog import RunFilters, RunPage, list_runs
 from ..plan import Plan
 from ..records._journal import Journal
-from ..records._runs import TERMINAL_STATUSES, OwnerId, RunStore, bump_run, current_owner
+from ..records._runs import BASELINE_CREATED, TERMINAL_STATUSES, OwnerId, RunStore, bump_run, current_owner
 from ..records._wait_rows import Existing
 from ..records._waits import WaitStore
 from ..scheduler._plans import PlanStore

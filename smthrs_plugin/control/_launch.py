@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 
 from ..canonical import canonical_bytes
-from ..engine._facts import append_control_lifecycle_in, execution_fact
+from ..engine._facts import append_control_lifecycle_in
 from ..engine.ownership._liveness import Dead, LivenessCheck, LivenessContext
 from ..plan import Plan
 from ..records._journal import Journal
@@ -41,6 +41,7 @@ from ..records._runs import (
     RunRow,
     bump_run,
     clear_claim_if_in,
+    execution_fact,
     run_row_in,
 )
 from ..records._waits import WaitStore

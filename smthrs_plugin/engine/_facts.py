@@ -6,7 +6,7 @@ record in the run's partition IN THE SAME TRANSACTION as the row change, and tha
 change. So the journal alone replays the semantic run view, and a rolled-back transition leaves no fact behind.
 
 The execution fact itself (its columns, observation and ``fact_of``) is owned by the runs owner
-(``records._runs``) and re-exported here; this module adds the control plane's lifecycle facts (the admission
+(``records._runs``; import it from there); this module adds the control plane's lifecycle facts (the admission
 state they depend on is read through the control records' owner, ``records._control``).
 
 ``baseline`` names where the run's unbroken fact stream starts: ``created`` (its creation fact) or ``legacy`` (a
@@ -48,24 +48,13 @@ from ..records._runs import (
     BASELINE_CREATED,
     BASELINE_LEGACY,
     FACT_VERSION,
-    OBSERVED_COLUMNS,
-    execution_fact,
-    fact_of,
     observation_of,
     observed_row_in,
     status_in,
 )
 
 __all__ = [
-    "FACT_VERSION",
-    "BASELINE_CREATED",
-    "BASELINE_LEGACY",
-    "OBSERVED_COLUMNS",
-    "ACCEPTED_SOURCE",
     "CONTROL_SETTLED_KINDS",
-    "execution_fact",
-    "fact_of",
-    "observation_of",
     "lifecycle_fact",
     "control_admitted_in",
     "control_baseline_in",

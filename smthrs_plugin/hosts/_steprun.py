@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..engine.ownership._arbiter import Activated
@@ -215,7 +214,3 @@ def standalone_run(flow: str) -> Iterator[StepContext]:
                 "failed" if error is not None else "completed",
                 error=None if error is None else {"type": type(error).__name__, "message": str(error)},
             )
-
-
-def workspace_of(ctx: StepContext) -> Path:
-    return Path(ctx.spec.workspace)

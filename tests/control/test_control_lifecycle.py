@@ -18,7 +18,6 @@ from smthrs_plugin.cli._control_support import PlanLauncher
 from smthrs_plugin.control._control import Control
 from smthrs_plugin.control._receipts import Accepted
 from smthrs_plugin.engine._facts import (
-    ACCEPTED_SOURCE,
     append_control_lifecycle_in,
     control_running_in,
     control_settled_in,
@@ -27,6 +26,7 @@ from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
 from smthrs_plugin.errors import StoreError
 from smthrs_plugin.observe._watch import watch
 from smthrs_plugin.plan import compile_plan, node
+from smthrs_plugin.records._control import ACCEPTED_SOURCE
 from smthrs_plugin.records._journal import Journal, JournalEvent
 from smthrs_plugin.records._runs import RunStore
 from smthrs_plugin.runtime import Runtime, open_runtime

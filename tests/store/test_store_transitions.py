@@ -16,11 +16,10 @@ import sqlalchemy as sa
 from _store_support import ownership
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine._facts import execution_fact
 from smthrs_plugin.engine.ownership._arbiter import Activated, ActivationLost, HeartbeatFresh
 from smthrs_plugin.errors import FenceLost, StoreError
 from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore, bump_run, bump_run_observed
+from smthrs_plugin.records._runs import OwnerId, RunStore, bump_run, bump_run_observed, execution_fact
 from smthrs_plugin.settings import Settings
 from smthrs_plugin.stores._database import Database, DriverStatement, open_database
 from smthrs_plugin.stores._schema import runs as runs_table
