@@ -59,6 +59,7 @@ from ..errors import SmthrsError, StoreError
 from ..settings import SqliteSynchronous, sqlite_synchronous_setting
 from . import _schema as schema
 from ._dberrors import RETRY_SQLSTATES, connect, sqlstate, store_error
+from ._group_commit import GroupCommit
 
 __all__ = [
     "Database",
@@ -77,6 +78,8 @@ log = logging.getLogger(__name__)
 # Retry jitter draws from its own generator: the global `random` state belongs to the application (a seeded
 # simulation, a property test) and must not move because a background heartbeat retried a transaction.
 _JITTER = random.Random()
+#: Guards the lazy creation of a handle's group commit queue.
+_GROUP_LOCK = threading.Lock()
 
 #: How long a SQLite writer waits for the write lock before failing (the lock is held for milliseconds).
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -170,6 +173,29 @@ class Database:
         result, callbacks = self._retrying(lambda: _outermost(h, tx, fn))
         _run_callbacks(callbacks)
         return result
+
+    def write_batched(self, fn: Callable[[Connection], T]) -> T:
+        """Like :meth:`write`, but concurrent callers of this process may share one commit (group commit,
+        ``_group_commit.py``): each returns after the commit holding its write is durable, with the result or
+        error a lone :meth:`write` would have given it. For hot, small, independent transactions (settlements).
+        """
+        h = self._handle()
+        tx = h.tx()
+        if tx.conn is not None:
+            return _nested(tx, fn)
+        group = h.group
+        if group is None:
+            with _GROUP_LOCK:
+                group = h.group
+                if group is None:
+                    group = h.group = GroupCommit(lambda fns: self._write_group(h, fns), self.write)
+        return group.write(fn)
+
+    def _write_group(self, h: _Handle, fns: list[Callable[[Connection], Any]]) -> list[Any]:
+        tx = h.tx()  # the leader's thread
+        results, callbacks = self._retrying(lambda: _outermost(h, tx, lambda conn: [fn(conn) for fn in fns]))
+        _run_callbacks(callbacks)
+        return results
 
     def write_statement(self, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:
         """Run ONE statement as a whole serializable write transaction; return its first row (or None).
@@ -585,6 +611,8 @@ class _Handle:
     idle: deque[tuple[Connection, float]] = field(default_factory=deque)
     pid: int = field(default_factory=os.getpid)
     disposed: bool = False
+    #: The group commit queue of :meth:`Database.write_batched` (made at its first use).
+    group: GroupCommit | None = None
 
     def tx(self) -> _Tx:
         tx = getattr(self.local, "tx", None)
