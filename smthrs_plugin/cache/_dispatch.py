@@ -46,9 +46,10 @@ import dataclasses
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -100,6 +101,7 @@ from ._support import KEY_LOCKS, PhaseTimer
 __all__ = ["CacheDispatcher", "PROVENANCE_EVENT"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Journal record type of every cache publication/invalidation fact.
 PROVENANCE_EVENT = "cache-provenance"
@@ -459,7 +461,7 @@ class CacheDispatcher:
             if request.on_settled is not None:
                 request.on_settled(conn, result)
 
-        self.db.write(tx)
+        self._write(request, tx)
 
     # -- build -----------------------------------------------------------------------------------------------
 
@@ -518,7 +520,7 @@ class CacheDispatcher:
                 if request.on_settled is not None:
                     request.on_settled(conn, result)
 
-            self.db.write(tx)
+            self._write(request, tx)
         return result
 
     def _publish(
@@ -678,7 +680,7 @@ class CacheDispatcher:
                 request.on_settled(conn, res)
             return res
 
-        return self.db.write(tx)
+        return self._write(request, tx)
 
     def _publish_shared(
         self, request: DispatchRequest, entry: CacheEntry, result: DispatchResult, seen: _Consulted
@@ -747,6 +749,11 @@ class CacheDispatcher:
         )
 
     # -- durable side records --------------------------------------------------------------------------------
+
+    def _write(self, request: DispatchRequest, tx: Callable[[Connection], T]) -> T:
+        """Commit a settle transaction (the one calling ``request.on_settled``) the way the caller asked."""
+        commit = request.commit
+        return commit(tx) if commit is not None else self.db.write_batched(tx)  # type: ignore[no-any-return]
 
     def _fence(self, conn: Connection, request: DispatchRequest) -> None:
         if request.owner is not None:

@@ -112,6 +112,12 @@ class DispatchRequest:
     # Additive (cache engineer): the identity ``smthrs cache explain`` compares entries of — "<plan_id>/<node_id>"
     # for plan nodes, the function's qualname for ``@step``. None → ``node_id``.
     subject: str | None = None
+    #: Who commits the settle transaction (the one that calls ``on_settled``): ``commit(fn)`` runs ``fn(conn)`` in
+    #: a write transaction and returns its result once committed. None: the seam's own database
+    #: (``Database.write_batched``). A scheduler passes its coordinator's commit queue (scheduler/_commits.py).
+    commit: Callable[[Callable[[Connection], Any]], Any] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True)

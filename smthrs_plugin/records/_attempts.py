@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Row
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import is_key, key_digest
 from ..errors import StoreError
-from ..stores._database import Database
+from ..stores._database import Database, DriverStatement
 from ..stores._schema import ATTEMPT_STATES, attempts
 from ._runs import OwnerId, Undecodable, assert_owner, json_column, json_text
 
@@ -77,6 +77,40 @@ class AttemptFailed:
     attempt: int
 
 
+_A = attempts.c
+#: Begin attempt ``b_attempt`` of (run, key) in ONE statement; a number already taken violates the primary key.
+_BEGIN_AT = DriverStatement(
+    sa.insert(attempts).values(
+        run_id=sa.bindparam("b_run_id", type_=sa.Text),
+        key_digest=sa.bindparam("b_digest", type_=sa.Text),
+        key=sa.bindparam("b_key", type_=sa.Text),
+        attempt=sa.bindparam("b_attempt", type_=sa.Integer),
+        state="started",
+        node_id=sa.bindparam("b_node_id", type_=sa.Text),
+        owner_nonce=sa.bindparam("b_nonce", type_=sa.Text),
+        meta_json=sa.bindparam("b_meta", type_=sa.Text),
+        started_at_ms=sa.bindparam("b_now", type_=sa.BigInteger),
+    )
+)
+#: Settle a started attempt in ONE statement; no row matched means it was never begun or is already settled.
+_SETTLE_STARTED = DriverStatement(
+    sa.update(attempts)
+    .where(
+        _A.run_id == sa.bindparam("b_run_id", type_=sa.Text),
+        _A.key_digest == sa.bindparam("b_digest", type_=sa.Text),
+        _A.attempt == sa.bindparam("b_attempt", type_=sa.Integer),
+        _A.state == "started",
+    )
+    .values(
+        state=sa.bindparam("v_state", type_=sa.Text),
+        finished_at_ms=sa.bindparam("v_now", type_=sa.BigInteger),
+        result_json=sa.func.coalesce(sa.bindparam("v_result", type_=sa.Text), _A.result_json),
+        error_json=sa.func.coalesce(sa.bindparam("v_error", type_=sa.Text), _A.error_json),
+        meta_json=sa.func.coalesce(sa.bindparam("v_meta", type_=sa.Text), _A.meta_json),
+    )
+)
+
+
 class AttemptStore:
     """Fenced attempt lifecycle over the ``attempts`` table."""
 
@@ -116,6 +150,88 @@ class AttemptStore:
             return AttemptStarted(run_id, digest, attempt)
 
         return self.db.write(fn)
+
+    def begin_in(
+        self,
+        conn: Connection,
+        run_id: str,
+        owner: OwnerId,
+        key: str,
+        *,
+        attempt: int,
+        node_id: str | None,
+        meta: Any,
+    ) -> AttemptStarted:
+        """Begin attempt number ``attempt`` of ``key`` inside the caller's write transaction ``conn`` (fenced
+        there), in one statement and no savepoint. For the run's single writer (the scheduler's coordinator),
+        which numbers its attempts itself from the rows it read at the start of its pass, so a job can know its
+        row before this commits; a number already taken is refused by the primary key (``StoreError``), never
+        reused."""
+        digest = _digest(key)
+        if type(attempt) is not int or attempt < 1:
+            raise StoreError("invalid_argument", f"attempt must be a positive int, got {attempt!r}")
+        meta_json = json_text("meta", meta)
+        assert_owner(conn, run_id, owner)
+        _BEGIN_AT.rowcount(
+            conn,
+            {
+                "b_run_id": run_id,
+                "b_digest": digest,
+                "b_key": key,
+                "b_attempt": attempt,
+                "b_node_id": node_id,
+                "b_nonce": owner.nonce,
+                "b_meta": meta_json,
+                "b_now": self.clock.now_ms(),
+            },
+        )
+        return AttemptStarted(run_id, digest, attempt)
+
+    def complete_in(
+        self, conn: Connection, run_id: str, owner: OwnerId, key: str, attempt: int, *, result: Any, meta: Any
+    ) -> AttemptCompleted:
+        """:meth:`complete` inside the caller's write transaction ``conn`` (fenced there), in one statement."""
+        values = {"v_result": json_text("result", result), "v_error": None, "v_meta": json_text("meta", meta)}
+        self._settle_in(conn, run_id, owner, key, attempt, "completed", values)
+        return AttemptCompleted(run_id, _digest(key), attempt)
+
+    def fail_in(
+        self, conn: Connection, run_id: str, owner: OwnerId, key: str, attempt: int, *, error: Any, meta: Any
+    ) -> AttemptFailed:
+        """:meth:`fail` inside the caller's write transaction ``conn`` (fenced there), in one statement."""
+        values = {"v_result": None, "v_error": json_text("error", error), "v_meta": json_text("meta", meta)}
+        self._settle_in(conn, run_id, owner, key, attempt, "failed", values)
+        return AttemptFailed(run_id, _digest(key), attempt)
+
+    def _settle_in(
+        self,
+        conn: Connection,
+        run_id: str,
+        owner: OwnerId,
+        key: str,
+        attempt: int,
+        state: str,
+        values: dict[str, Any],
+    ) -> None:
+        digest = _digest(key)
+        assert_owner(conn, run_id, owner)
+        params = {"b_run_id": run_id, "b_digest": digest, "b_attempt": attempt, "v_state": state}
+        params.update(values, v_now=self.clock.now_ms())
+        if _SETTLE_STARTED.rowcount(conn, params) == 1:
+            return
+        a = attempts.c
+        found = conn.execute(
+            sa.select(a.state).where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)
+        ).first()
+        if found is None:
+            raise StoreError(
+                "not_found",
+                f"attempt {attempt} of {key} in run {run_id!r} was never begun; call begin() first",
+            )
+        raise StoreError(
+            "invalid_argument",
+            f"attempt {attempt} of {key} in run {run_id!r} is already {found.state}; begin a new attempt",
+        )
 
     def complete(
         self, run_id: str, owner: OwnerId, key: str, attempt: int, *, result: Any = None, meta: Any = None

@@ -21,13 +21,22 @@ Part of the runs owner (:mod:`smthrs_plugin.records._runs`, which re-exports it)
   column still holds that value. A stale or missing hint writes nothing and the caller runs the transaction
   path instead; the journal bytes are the same either way.
 
+- :func:`fenced_block` checks the fence ONCE for a block of writes that cannot change the run row (attempt
+  rows, journal records, cache rows: a scheduler's group commit of many settlements); :func:`assert_owner`
+  calls for the same connection, run and owner inside the block answer from that check without a statement.
+  Sound because the block is inside one serialized write transaction: no other writer can change the row
+  before it commits (SQLite's write lock; PostgreSQL SERIALIZABLE fails the commit instead). Terminal checks
+  (``terminal=True``) always read the row.
+
 Prior art: Temporal's shard ownership fencing (range id checked in the same transaction), Kleppmann's fencing
 tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +51,7 @@ from ._run_rows import OBSERVED_COLUMNS, OwnerId, fact_of
 
 __all__ = [
     "assert_owner",
+    "fenced_block",
     "update_run",
     "bump_run",
     "bump_run_observed",
@@ -302,10 +312,30 @@ class FenceRow:
     revision: int
 
 
+#: The fence checked by the innermost :func:`fenced_block` of this thread: (connection, run id, owner, row).
+_BLOCK = threading.local()
+
+
+@contextmanager
+def fenced_block(conn: Connection, run_id: str, owner: OwnerId) -> Iterator[FenceRow]:
+    """Check the fence once (``FenceLost`` otherwise) for writes on ``conn`` that never change the run row of
+    ``run_id``; :func:`assert_owner` inside answers from this check (see the module invariants)."""
+    row = assert_owner(conn, run_id, owner)
+    outer = getattr(_BLOCK, "fence", None)
+    _BLOCK.fence = (conn, run_id, owner, row)
+    try:
+        yield row
+    finally:
+        _BLOCK.fence = outer
+
+
 def assert_owner(conn: Connection, run_id: str, owner: OwnerId, *, terminal: bool = False) -> FenceRow:
     """Refuse (``FenceLost``) unless ``run_id`` is running and owned by ``owner``; call inside the write.
 
     With ``terminal=True`` also refuse when a cancellation was requested (code ``cancel_requested``)."""
+    block = getattr(_BLOCK, "fence", None)
+    if block is not None and not terminal and block[0] is conn and block[1] == run_id and block[2] == owner:
+        return block[3]  # type: ignore[no-any-return]
     row = _FENCE_ROW.first(conn, {"b_run_id": run_id})
     if row is None:
         raise FenceLost(

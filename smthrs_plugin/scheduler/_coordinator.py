@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 from .._metrics import Observer
@@ -76,6 +76,7 @@ from ._reconcile import (
     judge_all,
 )
 from ._session import Prep, RunSession
+from ._timer import is_timer
 
 __all__ = ["Coordinator", "conflict_strategy", "map_error"]
 
@@ -133,6 +134,12 @@ def map_error(exc: BaseException, cleanup: list[BaseException]) -> BaseException
     return exc
 
 
+def _pipelinable(p: Prep) -> bool:
+    """May this dispatch start before the transaction beginning its attempt commits? Only sealed, non-timer work:
+    compensable and irreversible recovery reads the begun attempt, and a timer parks on it."""
+    return p.node.tier == "sealed" and not is_timer(p.node)
+
+
 class Coordinator:
     """Drives one pass of a run to completion (see the module docstring)."""
 
@@ -186,6 +193,7 @@ class Coordinator:
                         f"(waiting {list(self.graph.waiting())[:10]})",
                     )
             self.s.flush()
+            self.s.commits.close()
             return self.s.report()
         except BaseException as exc:
             mapped = self._abort(exc)
@@ -200,13 +208,28 @@ class Coordinator:
             self.s.cancel.cancel(f"{type(exc).__name__}: {exc}")
         try:
             if typed:
-                # Mark first, then wait: the interrupted jobs' own settlements would each commit apart, and a
-                # job that settled first keeps its terminal row (the update re-checks ``started``).
+                # Mark first, then stop serving the commit queue, then wait: a settlement still queued (never
+                # committed, never reported) then finds its attempt failed and writes nothing, and a job that
+                # settled first keeps its terminal row (the update re-checks ``started``).
                 cleanup = self.s.fail_running()
+                self.s.commits.close()
                 self._wait_running(keep_open=False)
             else:
+                # What this pass decided before the failure (pipelined begins, settlements of replays) and the
+                # settlements jobs queued are true facts: commit them, so running jobs can settle. A lost fence
+                # commits nothing (another owner holds the run).
+                early: list[BaseException] = []
+                if not isinstance(exc, FenceLost):
+                    try:
+                        self.s.flush()
+                    except (
+                        BaseException
+                    ) as err:  # reported with the cleanup errors; the original stays primary
+                        early.append(err)
+                # Running jobs settle on their own threads from now on, so waiting for them cannot deadlock.
+                self.s.commits.close()
                 self._wait_running(keep_open=True)
-                cleanup = [] if isinstance(exc, FenceLost) else self.s.cleanup()
+                cleanup = early + ([] if isinstance(exc, FenceLost) else self.s.cleanup())
         finally:
             for node_id in list(self.timing):
                 self._untime(node_id, exc)
@@ -245,11 +268,13 @@ class Coordinator:
             self.began[n] = self._next_tick()
         preps = [self._prepare(n, rebase) for n, rebase in batch]
         to_submit: list[Prep] = []
+        piped: list[Prep] = []
+        pipelining = getattr(self.s.cfg.host, "shares_process", False) is True
         for p in preps:
             if p.action == "dispatch":
                 self._time(p.node.id)
                 self.s.begin(p)
-                to_submit.append(p)
+                (piped if pipelining and _pipelinable(p) else to_submit).append(p)
             elif p.action == "replay":
                 value, devs = self.s.replay_value(p)
                 self.s.set_result(p.node.id, value)
@@ -259,10 +284,16 @@ class Coordinator:
                     self.settle(p.node.id, "clean", journal=True)
             else:
                 self.settle(p.node.id, "failed", journal=True, error=p.error)
-        self.s.flush()
+        # Pipelined jobs start now; their begins commit with the next flush, which their own settlements wait
+        # for (RunSession invariants). The others start only after the flush that began them.
+        for p in piped:
+            p.pipelined = True
+            self.running[self.s.submit(p)] = p.node.id
+        if to_submit or not piped:
+            self.s.flush()
         for p in to_submit:
             self.running[self.s.submit(p)] = p.node.id
-        return True, len(to_submit) < len(preps)
+        return True, len(to_submit) + len(piped) < len(preps)
 
     def _prepare(self, node_id: str, rebase: bool) -> Prep:
         if node_id not in self.rerun:
@@ -328,13 +359,21 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------------------- drain
     def _drain(self) -> None:
-        done, _ = wait(list(self.running), return_when=FIRST_COMPLETED)
-        finished = sorted(done, key=lambda f: self.s.positions[self.running[f]])
+        # Wake on a settlement a job queued (commit it, with whatever this coordinator buffered, in one
+        # transaction: _commits.py) or on finished jobs (their settlements are durable: process them).
+        done = self.s.commits.wait()
+        if self.s.commits.pending():
+            self.s.flush()
+        finished = sorted(
+            (f for f in done if f in self.running), key=lambda f: self.s.positions[self.running[f]]
+        )
         for fut in finished:
             node_id = self.running.pop(fut)
             outcome: JobOutcome = fut.result()  # a job's exception is a scheduler failure (see _abort)
             self.s.open_rows.pop(node_id, None)
             self._complete(node_id, outcome)
+        # Settlements decided here (skips propagating from a failure, ...) are durable before anything else is
+        # admitted, as before; the common case (jobs settled themselves) buffers nothing and commits nothing here.
         self.s.flush()
         self.merges.maybe_elaborate(self)
 

@@ -36,7 +36,12 @@ class Job(Protocol):
 
 @runtime_checkable
 class Host(Protocol):
-    """Runs submitted jobs and reports through Futures."""
+    """Runs submitted jobs and reports through Futures.
+
+    A host may also declare ``shares_process = True``: every job it runs runs in the submitting process, on
+    another thread than the submitter (so it reaches the coordinator's commit queue, ``_commits.py``), which
+    lets the coordinator start sealed jobs before their attempt rows commit (``_session.py``, pipelining).
+    Absent or False: each job starts only after its attempt row committed."""
 
     def submit(self, job: Job) -> Future[Any]:
         """Start ``job`` (now or later); its result or exception arrives through the returned Future."""
@@ -64,6 +69,8 @@ class ThreadHost:
                 f"max_workers={max_workers!r} must be a positive int (or None for the default)",
             )
         self.max_workers = max_workers or default_workers()
+        #: Jobs run on this process's worker threads, never on the submitter's (see ``Host``).
+        self.shares_process = True
         self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=thread_name_prefix)
         self._closed = False
         self._lock = threading.Lock()

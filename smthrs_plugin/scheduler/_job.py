@@ -33,13 +33,14 @@ from sqlalchemy.engine import Connection
 
 from ..cache._model import DispatchRequest, DispatchResult
 from ..canonical import canonical_bytes
-from ..errors import CanonicalError, MaterializationConflict, SmthrsError
+from ..errors import CanonicalError, MaterializationConflict, SchedulerError, SmthrsError
 from ..plan import PlanNode
 from ..records._attempts import AttemptStore
 from ..records._journal import Journal
 from ..records._runs import OwnerId
 from ..stores._database import Database
 from ._cancel import CancelToken
+from ._commits import CommitQueue
 from ._model import NodeInput, Outcome
 
 __all__ = [
@@ -141,11 +142,18 @@ class NodeJob:
     boundary: str
     #: The pass's cancellation token, handed to the executor as ``NodeInput.cancel`` (pickles as a fresh token).
     cancel: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)
+    #: The coordinator's commit queue (``_commits.py``): in its process, the settlement commits in the
+    #: coordinator's transaction. It never pickles: a job in another process commits itself, fenced.
+    commits: CommitQueue | None = field(default=None, repr=False, compare=False)
+    #: Started before its attempt row committed (``_session.py``, pipelining): its settlement MUST commit through
+    #: ``commits``, after that row.
+    pipelined: bool = False
     _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_done", None)
+        state["commits"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -178,6 +186,14 @@ class NodeJob:
     # -- settlement --------------------------------------------------------------------------------------------
     def _settle(self, conn: Connection, result: DispatchResult) -> None:
         s = self.spec
+        if self.pipelined and not CommitQueue.serving():
+            # Its attempt row may not exist yet: only the coordinator's flush orders the two.
+            raise SchedulerError(
+                "store_failed",
+                f"the dispatcher settled node {s.node_id!r} in a transaction of its own; a dispatcher must commit "
+                "the transaction that calls request.on_settled through request.commit (see DispatchRequest)",
+                node=s.node_id,
+            )
         attempts = AttemptStore(self.db)
         journal = Journal(self.db)
         final = final_outcome(result)
@@ -188,10 +204,10 @@ class NodeJob:
             "deviations": [{"kind": d.kind, "paths": list(d.paths)} for d in result.deviations],
         }
         if result.outcome in ("built", "clean"):
-            attempts.complete(s.run_id, s.owner, s.key, s.row, result=result.value, meta=meta)
+            attempts.complete_in(conn, s.run_id, s.owner, s.key, s.row, result=result.value, meta=meta)
         else:
             meta["conflict"] = is_conflict(result.error)
-            attempts.fail(s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
+            attempts.fail_in(conn, s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
         journal.append_in(
             conn,
             s.run_id,
@@ -215,8 +231,16 @@ class NodeJob:
 
     def run(self) -> JobOutcome:
         """Dispatch through the seam; settle the attempt durably (see the module invariants)."""
-        request = replace(self.request, on_settled=self._settle)
+        if self.pipelined and self.commits is None:
+            raise SchedulerError(
+                "store_failed",
+                f"node {self.spec.node_id!r} started before its attempt row committed, in another process than its "
+                "coordinator; a host that runs jobs elsewhere must not declare shares_process",
+                node=self.spec.node_id,
+            )
+        commit = self.db.write_batched if self.commits is None else self.commits.commit
+        request = replace(self.request, on_settled=self._settle, commit=commit)
         result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
         if not self._done.is_set():
-            self.db.write(lambda conn: self._settle(conn, result))
+            commit(lambda conn: self._settle(conn, result))
         return JobOutcome(self.spec.node_id, result, final_outcome(result))

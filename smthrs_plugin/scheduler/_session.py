@@ -7,9 +7,18 @@ admission, so both produce byte-identical journals, attempt rows and cache keys 
 Invariants
 - Coordinator writes are buffered and committed by :meth:`RunSession.flush` in ONE fenced transaction per
   scheduling step (an admission pass, a batch of completions, a reconciliation page), in the order they were
-  decided; jobs are submitted only after the transaction that began their attempt rows committed. Batching
-  never splits a settlement from its attempt row: a dispatched node's attempt row, ``attempt-finished`` and
-  final ``node-settled`` commit in the dispatch seam's transaction (``_job.py``).
+  decided, together with the settle transactions this process's jobs queued meanwhile (``_commits.py``; each
+  in its own savepoint, after the buffered writes). Batching never splits a settlement from its attempt row: a
+  dispatched node's attempt row, ``attempt-finished`` and final ``node-settled`` commit in the dispatch seam's
+  transaction (``_job.py``), and nothing is reported before that commit.
+- A job is submitted after the transaction that began its attempt row committed — except a **pipelined** job
+  (a sealed, non-timer node on a host whose jobs share this process, ``Host.shares_process``): it starts at
+  once, and its begin commits in the same transaction as its own settlement or an earlier one (both go
+  through this coordinator's flush, begin first), so no reader ever sees a settlement without its attempt
+  row. A crash before that commit leaves no trace of the attempt; sealed work is content-keyed and simply runs
+  again. Compensable, irreversible and timer nodes always wait for their begin: their recovery reads it.
+- Attempt rows are numbered by this pass (:attr:`RunSession.last_row`, from the rows read at its start): the
+  run's only writer is its fenced owner, and a number already taken is refused by the primary key, loudly.
 - Preparation reads source pins (never re-measured) and measures produced reads now; a measurement failure is
   ``SchedulerError(boundary_unavailable)`` with its cause, raised before an attempt or cache row exists.
 - :meth:`RunSession.fail_running` (after an interrupt) marks every attempt the owner still has ``started`` in
@@ -44,10 +53,12 @@ from ..plan import Plan, PlanNode
 from ..plan._keys import resolve_refs
 from ..records._attempts import AttemptRecord, AttemptStore
 from ..records._journal import Journal
+from ..records._run_fence import fenced_block
 from ..records._runs import OwnerId, assert_owner
 from ..stores._artifacts import ArtifactStore
 from ..stores._database import Database
 from ._cancel import CancelToken
+from ._commits import CommitQueue
 from ._inputs import Pins, ReadPlan
 from ._job import NodeJob, SettleSpec, error_line, settled_payload
 from ._model import Outcome, Report, Settlement
@@ -103,6 +114,8 @@ class Prep:
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     row: int = 0
+    #: Submitted before the transaction beginning its attempt commits (see the module invariants).
+    pipelined: bool = False
 
 
 def _ordinal(rec: AttemptRecord) -> int:
@@ -145,9 +158,16 @@ class RunSession:
         self.open_rows: dict[str, tuple[str, int]] = {}
         #: Interrupts every execution of this pass (``NodeInput.cancel``); cancelled by the coordinator's abort.
         self.cancel = CancelToken()
+        #: Settlements of this process's jobs, committed by :meth:`flush` (the coordinator's thread makes it).
+        self.commits = CommitQueue(cfg.db)
         self._pending: list[Write] = []
         self._metric_outcomes: list[Outcome] = []
         self.prior_by_node: dict[str, list[AttemptRecord]] = {}
+        #: The highest attempt row number per key in this run: this pass numbers its attempts itself (it is the
+        #: run's only writer, fenced), so a job knows its row before the transaction that begins it commits.
+        self.last_row: dict[str, int] = {}
+        for rec in prior:
+            self.last_row[rec.key] = max(self.last_row.get(rec.key, 0), rec.attempt)
         for rec in prior:
             if rec.node_id is not None:
                 self.prior_by_node.setdefault(rec.node_id, []).append(rec)
@@ -160,21 +180,43 @@ class RunSession:
         self._pending.append(fn)
 
     def flush(self) -> None:
-        """Commit buffered writes in one fenced transaction, then count the settlements it made durable."""
-        if not self._pending:
+        """Commit buffered writes in one fenced transaction, together with the settlements jobs queued meanwhile
+        (``_commits.py``: each in its own savepoint, after the buffered writes), then release those jobs and
+        count the settlements it made durable."""
+        items = self.commits.take()
+        if not self._pending and not items:
             return
         writes, self._pending = self._pending, []
         cfg = self.cfg
 
-        def fn(conn: Connection) -> None:
-            assert_owner(conn, cfg.run_id, cfg.owner)
-            for w in writes:
-                w(conn)
+        def fn(conn: Connection, savepoints: bool) -> None:
+            # One fence check for the whole step: none of these writes touches the run row (attempt rows,
+            # journal records, cache rows), so every settlement's own check answers from this one.
+            with fenced_block(conn, cfg.run_id, cfg.owner):
+                for w in writes:
+                    w(conn)
+                CommitQueue.run_in(cfg.db, conn, items, savepoints=savepoints)
 
-        cfg.db.write(fn)
+        try:
+            try:
+                cfg.db.write_batched(lambda conn: fn(conn, False))
+            except Exception:
+                if not items:
+                    raise
+                # Something refused and nothing committed: again, each settlement in its own savepoint, so a
+                # refused one fails alone (its job gets its error) and the others commit (_commits.py).
+                cfg.db.write_batched(lambda conn: fn(conn, True))
+        except BaseException as exc:
+            CommitQueue.release(items, exc)
+            raise
+        CommitQueue.release(items)
         outcomes, self._metric_outcomes = self._metric_outcomes, []
         for o in outcomes:
             cfg.metrics.node_settled(o)
+
+    def has_pending(self) -> bool:
+        """Whether buffered writes await :meth:`flush`."""
+        return bool(self._pending)
 
     def journal(self, type_: str, payload: dict[str, Any]) -> None:
         run_id = self.cfg.run_id
@@ -375,10 +417,13 @@ class RunSession:
                 },
             )
 
+        row = prep.row = self.last_row[prep.key] = self.last_row.get(prep.key, 0) + 1
+        self.open_rows[node_id] = (prep.key, row)
+
         def start(conn: Connection) -> None:
-            started = cfg.attempts.begin(cfg.run_id, cfg.owner, prep.key, node_id=node_id, meta=prep.meta)
-            prep.row = started.attempt
-            self.open_rows[node_id] = (prep.key, started.attempt)
+            cfg.attempts.begin_in(
+                conn, cfg.run_id, cfg.owner, prep.key, attempt=row, node_id=node_id, meta=prep.meta
+            )
 
         self.write(start)
         self.journal(
@@ -423,8 +468,12 @@ class RunSession:
             inputs=prep.inputs,
             boundary=decl.mode,
             cancel=self.cancel,
+            commits=self.commits,
+            pipelined=prep.pipelined,
         )
-        return t.cast("Future[Any]", cfg.host.submit(job))
+        fut = t.cast("Future[Any]", cfg.host.submit(job))
+        self.commits.watch(fut)
+        return fut
 
     def replay_value(self, prep: Prep) -> tuple[Any, tuple[Deviation, ...]]:
         rec = prep.replayed

@@ -13,7 +13,7 @@ priorities, agents, caps); it refuses anything else loudly rather than guessing.
 
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from typing import Any
 
 from smthrs_plugin.scheduler._session import RunSession
@@ -124,8 +124,13 @@ class ReferenceCoordinator:
         return True, len(submit) < len(preps)
 
     def _drain(self) -> None:
-        done, _ = wait(list(self.running), return_when=FIRST_COMPLETED)
-        for fut in sorted(done, key=lambda f: self.order.index(self.running[f])):
+        # Jobs hand their settlements to the session's commit queue; commit them, then process finished jobs.
+        done = self.s.commits.wait()
+        if self.s.commits.pending():
+            self.s.flush()
+        for fut in sorted(
+            (f for f in done if f in self.running), key=lambda f: self.order.index(self.running[f])
+        ):
             n = self.running.pop(fut)
             job = fut.result()
             self.s.open_rows.pop(n, None)
@@ -151,4 +156,5 @@ class ReferenceCoordinator:
             elif not batch:
                 raise AssertionError("the reference stalled")
         self.s.flush()
+        self.s.commits.close()
         return self.s.report()

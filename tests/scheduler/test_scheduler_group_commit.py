@@ -1,0 +1,267 @@
+"""Settlements share commits (the coordinator's commit queue, ``scheduler/_commits.py``) without weakening any
+settlement: each stays atomic with its attempt row and journal records, nothing is reported before its commit is
+durable, and a SIGKILL with a batch in flight loses no reported settlement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+import smthrs_plugin as sp
+from smthrs_plugin.errors import StoreError
+from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.scheduler import ThreadHost
+from smthrs_plugin.scheduler._commits import CommitQueue
+from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.stores._schema import attempts
+
+DEADLINE_S = 120.0  # an upper bound on waiting for a child; a failure, never a measurement
+NODES = 2000  # far more than settle before the kill point, on any machine
+
+
+def _wide(n: int) -> sp.plan.Plan:
+    nodes = [sp.plan.node(f"n{i}", body=i) for i in range(n)]
+    return sp.plan.compile_plan("gc", "gc", nodes, maximum_plan_nodes=n + 10)
+
+
+def _journal(db: Database, run_id: str) -> list[Any]:
+    journal, out, after = Journal(db), [], None
+    while page := journal.read(run_id, after_seq=after, limit=1000):
+        out += page
+        after = page[-1].seq
+    return out
+
+
+def _attempts(db: Database, run_id: str) -> dict[str, list[Any]]:
+    a = attempts.c
+    rows = db.read(
+        lambda c: c.execute(sa.select(a.node_id, a.key, a.attempt, a.state).where(a.run_id == run_id)).all()
+    )
+    out: dict[str, list[Any]] = {}
+    for r in rows:
+        out.setdefault(r.node_id, []).append(r)
+    return out
+
+
+def _assert_settlements_atomic(db: Database, run_id: str) -> set[str]:
+    """Every ``node-settled`` has its completed attempt row and its ``attempt-finished`` before it, and every
+    finished attempt row has its ``attempt-finished``; returns the settled node ids."""
+    records = _journal(db, run_id)
+    rows = _attempts(db, run_id)
+    finished = {
+        (e.payload["node_id"], e.payload["attempt"]): e.seq for e in records if e.type == "attempt-finished"
+    }
+    scheduled = {e.payload["node_id"]: e.seq for e in records if e.type == "node-scheduled"}
+    settled: set[str] = set()
+    for e in records:
+        if e.type != "node-settled":
+            continue
+        node = e.payload["node_id"]
+        settled.add(node)
+        done = [
+            r for r in rows.get(node, []) if r.state == "completed" and r.key == e.payload["dispatch_key"]
+        ]
+        assert done, f"{node} settled without its completed attempt row"
+        assert scheduled[node] < finished[(node, done[-1].attempt)] < e.seq
+    for node, rs in rows.items():
+        for r in rs:
+            if r.state != "started":
+                assert (node, r.attempt) in finished, (
+                    f"{node} attempt {r.attempt} finished without its record"
+                )
+    return settled
+
+
+def test_a_wide_plan_settles_every_node_with_its_attempt_row_and_records_in_order(tmp_path: Path) -> None:
+    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(8) as host:
+        report = rt.scheduler("r1", concurrency={"steps": 8}, host=host).run(
+            _wide(120), lambda ni: {"i": ni.id}
+        )
+        assert {s.outcome for s in report.settlements} == {"built"}
+        assert _assert_settlements_atomic(rt.db, "r1") == {f"n{i}" for i in range(120)}
+
+
+def test_a_settlement_refused_inside_a_shared_commit_fails_only_its_own_job(tmp_path: Path) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    journal = Journal(db)
+    queue = CommitQueue(db)  # made on this thread: this thread is the coordinator
+    outcomes: dict[int, Any] = {}
+
+    def job(i: int) -> None:
+        def settle(c: Connection) -> int:
+            journal.append_in(c, "p", "settled", {"i": i})
+            if i == 1:
+                raise StoreError("invalid_argument", "attempt 1 is already failed; begin a new attempt")
+            return i
+
+        try:
+            outcomes[i] = queue.commit(settle)
+        except StoreError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while len(queue._queued) < 3:  # the three jobs are waiting on the coordinator
+        assert time.monotonic() < deadline, "the jobs never queued their settlements"
+        time.sleep(0.01)
+    items = queue.take()
+    db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=True))
+    CommitQueue.release(items)
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert outcomes[0] == 0 and outcomes[2] == 2
+    assert isinstance(outcomes[1], StoreError) and outcomes[1].code == "invalid_argument"
+    assert sorted(e.payload["i"] for e in journal.read("p")) == [0, 2]  # the refused one left nothing
+
+
+def test_a_commit_asked_after_the_coordinator_stopped_serving_runs_on_the_jobs_own_thread(
+    tmp_path: Path,
+) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    journal = Journal(db)
+    queue = CommitQueue(db)
+    queue.close()
+    box: dict[str, Any] = {}
+    t = threading.Thread(
+        target=lambda: box.update(r=queue.commit(lambda c: journal.append_in(c, "p", "t", {})))
+    )
+    t.start()
+    t.join(DEADLINE_S)
+    assert not t.is_alive() and box["r"].event.seq == 0
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import smthrs_plugin as sp
+    from smthrs_plugin.scheduler import ThreadHost
+
+    ws, n = Path(sys.argv[1]), int(sys.argv[2])
+    plan = sp.plan.compile_plan(
+        "gc", "gc", [sp.plan.node(f"n{i}", body=i) for i in range(n)], maximum_plan_nodes=n + 10
+    )
+    with sp.open_runtime(workspace=ws) as rt:
+        # Post-commit: a line here is a settlement reported to the outside world.
+        rt.journal.subscribe(
+            lambda e: print(e.payload["node_id"], flush=True) if e.type == "node-settled" else None,
+            partition="r1",
+        )
+        with ThreadHost(8) as host:
+            rt.scheduler("r1", concurrency={"steps": 8}, host=host).run(plan, lambda ni: {"i": ni.id})
+    print("DONE", flush=True)
+    """
+)
+
+
+def test_sigkill_with_a_batch_of_settlements_in_flight_loses_no_reported_settlement(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(ws), str(NODES)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    reported: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + DEADLINE_S
+        while len(reported) < 100:
+            line = proc.stdout.readline()
+            assert line and line.strip() != "DONE", (
+                f"the child ended before the kill point: {proc.stderr.read()}"
+            )
+            reported.append(line.strip())
+            assert time.monotonic() < deadline
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(DEADLINE_S)
+    assert proc.returncode == -signal.SIGKILL
+    db = open_database(f"sqlite:///{ws / '.smthrs' / 'state.db'}")
+    settled = _assert_settlements_atomic(db, "r1")
+    assert set(reported) <= settled  # every settlement reported before the kill is durable
+    assert len(settled) < NODES, "the kill came after the run finished: nothing was in flight"
+
+
+class _SelfCommitting:
+    """A dispatcher that ignores ``request.commit`` and settles in a transaction of its own."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def dispatch(self, request: Any, execute: Any) -> Any:
+        from smthrs_plugin.cache._model import DispatchResult, Miss
+
+        result = DispatchResult("built", request.key, Miss(), value=execute(request.workspace))
+        self.db.write(lambda c: request.on_settled(c, result))
+        return result
+
+
+def test_a_dispatcher_that_settles_outside_the_coordinators_commit_is_refused_not_misordered(
+    tmp_path: Path,
+) -> None:
+    from smthrs_plugin.errors import SchedulerError
+
+    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(4) as host:
+        rt.dispatcher = _SelfCommitting(rt.db)  # type: ignore[assignment]
+        try:
+            rt.scheduler("r1", concurrency={"steps": 4}, host=host).run(_wide(4), lambda ni: {"i": ni.id})
+        except SchedulerError as exc:
+            assert exc.code == "store_failed" and "request.commit" in exc.message
+        else:
+            raise AssertionError("a settlement committed outside the coordinator's flush was accepted")
+        # Nothing settled out of order: no attempt row is completed without its begin (it would not exist).
+        assert all(r.state != "completed" for rs in _attempts(rt.db, "r1").values() for r in rs)
+
+
+def test_a_queued_settlement_that_raises_without_savepoints_fails_the_whole_transaction(
+    tmp_path: Path,
+) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    journal = Journal(db)
+    queue = CommitQueue(db)
+    box: dict[int, Any] = {}
+
+    def job(i: int) -> None:
+        def settle(c: Connection) -> None:
+            journal.append_in(c, "p", "settled", {"i": i})
+            if i == 1:
+                raise StoreError("invalid_argument", "refused")
+
+        try:
+            box[i] = queue.commit(settle)
+        except StoreError as exc:
+            box[i] = exc
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while len(queue._queued) < 2:
+        assert time.monotonic() < deadline, "the jobs never queued their settlements"
+        time.sleep(0.01)
+    items = queue.take()
+    try:
+        db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=False))
+    except StoreError as exc:
+        CommitQueue.release(items, exc)
+    else:
+        raise AssertionError("a refused settlement committed")
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert journal.read("p") == []  # all or nothing: the coordinator then retries with savepoints
+    assert all(isinstance(v, StoreError) for v in box.values())
