@@ -189,8 +189,13 @@ def prepare(
     """Measure the declared reads (SHA-256, stat cache) and the pre-images of the write/removal scopes."""
     m = measurer or Measurer(root)
     _same_root(m, root)
-    reads = m.measure_entries(declaration.reads)
-    scope = m.measure_entries(_scope(declaration))
+    scope_entries = _scope(declaration)
+    # An empty list measures nothing; only its closing root check (the workspace is still the same directory)
+    # is kept, once.
+    reads = m.measure_entries(declaration.reads) if declaration.reads else {}
+    scope = m.measure_entries(scope_entries) if scope_entries else {}
+    if not declaration.reads and not scope_entries:
+        m.check_root()
     return Prepared(
         root=str(m.root),
         declaration=declaration,
@@ -201,6 +206,8 @@ def prepare(
 
 
 def _same_root(m: Measurer, root: str | os.PathLike[str]) -> None:
+    if root is m.root or root == m.root:
+        return  # the caller passed the measurer's own root (the dispatcher does, every node): nothing to resolve
     if m.root != Path(os.path.abspath(os.fspath(root))):
         raise BoundaryError(
             "unsupported_boundary",
@@ -382,15 +389,22 @@ def settle(
     decl = prepared.declaration
     m = measurer or Measurer(prepared.root)
     _same_root(m, prepared.root)
-    post = {p: s for p, s in m.measure_entries(_scope(decl)).items() if s is not None}
+    scope_entries = _scope(decl)
+    post = (
+        {p: s for p, s in m.measure_entries(scope_entries).items() if s is not None} if scope_entries else {}
+    )
     pre = dict(prepared.pre_scope)
     changed = {p for p, s in post.items() if pre.get(p) != s}
     deleted = set(pre) - set(post)
     # A declared read that changed and is not declared written was written by the step (or underneath it).
     before_reads = dict(prepared.read_set)
-    after_reads = {
-        p: (s.digest if s is not None else ABSENT) for p, s in m.measure_entries(decl.reads).items()
-    }
+    after_reads = (
+        {p: (s.digest if s is not None else ABSENT) for p, s in m.measure_entries(decl.reads).items()}
+        if decl.reads
+        else {}
+    )
+    if not decl.reads and not scope_entries:
+        m.check_root()  # the one root check the skipped (empty) measurements would have made
     for p in set(before_reads) | set(after_reads):
         if before_reads.get(p, ABSENT) != after_reads.get(p, ABSENT):
             (changed if after_reads.get(p, ABSENT) != ABSENT else deleted).add(p)
@@ -434,6 +448,9 @@ def check_read_set(
     m = measurer or Measurer(root)
     _same_root(m, root)
     recorded = dict(read_set)
+    if not recorded:
+        m.check_root()  # nothing to re-measure; the workspace must still be the one the entry was keyed on
+        return ReadSetMatches()
     now = m.measure_paths(list(recorded))
     stale = tuple(p for p in sorted(recorded) if _digest_or_absent(now[p]) != recorded[p])
     return ReadSetChanged(stale) if stale else ReadSetMatches()

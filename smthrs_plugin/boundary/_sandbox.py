@@ -24,7 +24,16 @@ Invariants (seed: concepts/workspace-transactions)
   place and the removals applied. Undeclared writes stay in the sandbox (never copied back). Every seeded and
   copied-back file gets a normalised mode (0o644/0o755): setuid, setgid, sticky and group/world-writable bits
   never leave the sandbox.
-- The temporary tree is always removed; a body exception propagates after cleanup.
+- The temporary tree is always removed (an effect-free root, below, is kept for reuse only while provably
+  untouched); a body exception propagates after cleanup.
+- A step with no file effects (no reads, writes or removes) in ``hermetic`` mode has nothing to seed and nothing
+  to copy back: its tree is an empty private directory from a per-process pool (``_litter.take_empty_root``),
+  handed out only when provably empty and the same directory. After the body the root must still be that very
+  directory and empty; then the two flags are as true as for any hermetic sandbox (the whole tree, i.e. nothing,
+  was diffed; no undeclared read could find a file) and the root goes back to the pool. Anything else — an
+  entry left in it, the root replaced or removed — is settled by exactly the full diff below (same
+  deviations, refusals and error codes) and the root is removed, never reused. ``whole-tree`` mode always
+  seeds: an effect-free body there may still read the workspace copy.
 - Every copy-back attempt (and only a copy-back: a refused body or a hard-mode refusal never reaches one) is one
   materialization on the injected metrics port: counted with its exit outcome (``Success``; ``Failure`` for a
   conflict or a failed copy; ``Interrupt``) and timed (seed: observe-engine-metrics).
@@ -51,9 +60,18 @@ from ..errors import BoundaryError, MaterializationConflict
 from ..plan._fileset import RESERVED_TOP
 from ..stores._artifacts import ArtifactStore
 from ._boundary import Declaration, Prepared, build_evidence, classify, prepare, refuse_hard
-from ._evidence import Evidence, InlineLimits
+from ._evidence import Evidence, InlineLimits, diff_identity
 from ._fsops import check_dest, copy_with_hash, inside, normal_mode, remove_path, rmtree_force
-from ._litter import owned_temp_dir, staging_dir
+from ._litter import (
+    EmptyRoot,
+    discard,
+    give_back,
+    is_untouched,
+    owned_temp_dir,
+    release,
+    staging_dir,
+    take_empty_root,
+)
 from ._measure import ABSENT, DEFAULT_ENTRY_BUDGET, FileState, Measurer, scan_tree, sha256_file
 
 __all__ = ["SandboxMode", "SandboxResult", "run_in_sandbox", "EXCLUDED_FROM_COPY"]
@@ -116,6 +134,8 @@ def run_in_sandbox(
         )
     ws = Path(os.path.abspath(os.fspath(workspace)))
     m = measurer or Measurer(ws)
+    if mode == "hermetic" and not (declaration.reads or declaration.writes or declaration.removes):
+        return _run_effect_free(ws, declaration, body, m, artifacts, limits, temp_dir, entry_budget, metrics)
     prepared = prepare(ws, declaration, measurer=m)
     parent = owned_temp_dir("smthrs-sandbox", temp_dir)
     try:
@@ -152,6 +172,91 @@ def run_in_sandbox(
         raise
     _cleanup(parent, quiet=False)
     return result
+
+
+def _run_effect_free(
+    ws: Path,
+    declaration: Declaration,
+    body: Callable[[Path], T],
+    m: Measurer,
+    artifacts: ArtifactStore | None,
+    limits: InlineLimits,
+    temp_dir: str | os.PathLike[str] | None,
+    entry_budget: int,
+    metrics: MetricsPort,
+) -> SandboxResult[T]:
+    """The hermetic sandbox of a declaration without reads, writes or removes (module invariants)."""
+    prepared = prepare(ws, declaration, measurer=m)
+    root = take_empty_root(temp_dir)
+    try:
+        value = body(root.path)
+        clean = is_untouched(root)
+        if clean:
+            evidence = _effect_free_evidence(declaration.mode)
+        else:
+            # Exactly what the full sandbox concludes from a tree seeded with nothing.
+            box = _Box(ws, root.path, entry_budget, 1)
+            states, present, changed, deleted = box.diff({}, rehash_all=True)
+            classified = classify(declaration, present, changed, deleted)
+            refuse_hard(declaration, classified.deviations)
+            evidence = build_evidence(
+                prepared,
+                classified,
+                states,
+                root.path,
+                artifacts=artifacts,
+                limits=limits,
+                whole_tree_writes_verified=True,
+                hermetic_reads_verified=True,
+            )
+        with metrics.observe_materialization():
+            pass  # no outputs, no removals, an empty write scope: the copy-back has nothing to compare or copy
+        result = SandboxResult(value, evidence, prepared)
+    except BaseException:
+        _return_root(root, quiet=True)
+        raise
+    if clean:
+        give_back(root)
+    else:
+        _return_root(root, quiet=False)
+    return result
+
+
+_EFFECT_FREE: dict[str, Evidence] = {}
+
+
+def _effect_free_evidence(mode: str) -> Evidence:
+    """The evidence of a clean effect-free settle: no outputs, no removals, no deviations, both flags proven.
+    Immutable, so one instance per boundary mode serves every such settle."""
+    ev = _EFFECT_FREE.get(mode)
+    if ev is None:
+        ev = Evidence(
+            outputs=(),
+            removals=(),
+            diff_identity=diff_identity((), ()),
+            deviations=(),
+            whole_tree_writes_verified=True,
+            hermetic_reads_verified=True,
+            read_set=(),
+            boundary_mode=mode,
+        )
+        _EFFECT_FREE[mode] = ev
+    return ev
+
+
+def _return_root(root: EmptyRoot, *, quiet: bool) -> None:
+    try:
+        if quiet:
+            release(root)
+        else:
+            discard(root)
+    except OSError as exc:
+        if not quiet:
+            raise BoundaryError(
+                "unsupported_boundary", f"could not remove the sandbox {root.path}: {exc}", cause=exc
+            ) from exc
+        # Another exception is already propagating; it is the one the caller must see.
+        log.warning("could not remove the sandbox %s: %s", root.path, exc)
 
 
 class _Box:
@@ -319,12 +424,14 @@ def _copy_back(ws: Path, prepared: Prepared, evidence: Evidence, sroot: Path, m:
     dests = [check_dest(ws_real, o.path) for o in evidence.outputs]
     removal_dests = [inside(ws_real, r.rstrip("/")) for r in evidence.removals]
     before = dict(prepared.pre_scope)
-    stage = staging_dir(ws, "copyback")
+    stage: Path | None = None  # made only when something must be staged (a directory costs metadata writes)
     try:
         staged: list[tuple[str, str]] = []
         for i, (o, dest) in enumerate(zip(evidence.outputs, dests, strict=True)):
             if before.get(o.path) == FileState(o.digest, o.size, o.mode):
                 continue  # already there (and the CAS below proves it still is): keep its mtime for make & co
+            if stage is None:
+                stage = staging_dir(ws, "copyback")
             tmp = str(stage / str(i))
             digest, _ = copy_with_hash(str(sroot / o.path), tmp)
             if digest != o.digest:
@@ -335,7 +442,9 @@ def _copy_back(ws: Path, prepared: Prepared, evidence: Evidence, sroot: Path, m:
                 )
             os.chmod(tmp, normal_mode(o.mode))  # only the owner-execute bit is copied back
             staged.append((tmp, dest))
-        now = {p: s for p, s in m.measure_entries(decl.writes + tuple(decl.removes)).items() if s is not None}
+        scope = decl.writes + tuple(decl.removes)
+        # An empty scope has no pre-image to compare (and nothing is copied or removed): no measurement.
+        now = {p: s for p, s in m.measure_entries(scope).items() if s is not None} if scope else {}
         conflicts = sorted(p for p in set(now) | set(before) if now.get(p) != before.get(p))
         if conflicts:
             shown = ", ".join(conflicts[:20])
@@ -356,7 +465,8 @@ def _copy_back(ws: Path, prepared: Prepared, evidence: Evidence, sroot: Path, m:
                 "unsupported_boundary", f"copying outputs back into {ws} failed: {exc}", cause=exc
             ) from exc
     finally:
-        rmtree_force(stage)
+        if stage is not None:
+            rmtree_force(stage)
 
 
 def _cleanup(parent: Path, *, quiet: bool) -> None:
