@@ -131,7 +131,9 @@ class Admission:
             raise GraphError("invalid_transition", f"node {node_id!r} is already ready or admitted")
         if type(priority) is not int or type(position) is not int:
             raise GraphError("invalid_transition", f"node {node_id!r}: priority and position must be ints")
-        agent = bool(agent)
+        self._push(node_id, priority, position, bool(agent))
+
+    def _push(self, node_id: str, priority: int, position: int, agent: bool) -> None:
         entry = (self._passes - priority, position, node_id)
         heapq.heappush(self._agents if agent else self._steps, entry)
         self._live[node_id] = (self._passes, priority, agent)
@@ -139,9 +141,17 @@ class Admission:
 
     def add_node(self, node: PlanNode) -> None:
         """:meth:`add` for a compiled node (its priority, position and kind)."""
-        self.add(
-            node.id, priority=node.draft.priority, position=node.position, agent=node.draft.kind == "agent"
-        )
+        node_id, d, position = node.id, node.draft, node.position
+        priority = d.priority
+        if (
+            node_id in self._live
+            or node_id in self._in_flight
+            or type(priority) is not int
+            or type(position) is not int
+        ):
+            self.add(node_id, priority=priority, position=position, agent=d.kind == "agent")  # refuses
+            return
+        self._push(node_id, priority, position, d.kind == "agent")
 
     def discard(self, node_id: str) -> None:
         """Forget a ready node that will not be admitted (e.g. it was settled without dispatch)."""

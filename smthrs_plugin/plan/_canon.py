@@ -102,6 +102,16 @@ def _entry(j: dict[str, Any]) -> str:
 def _entries(entries: Any) -> str:
     if not entries:
         return "[]"
+    if type(entries) is tuple and len(entries) == 1 and type(entries[0]) is str:
+        return '[{"kind":"file","path":' + text(entries[0]) + "}]"
+    if type(entries) is tuple and all([type(e) is str for e in entries]):
+        # Exact files only (the common case): an entry's text is '{"kind":"file","path":' + text(path) + '}'.
+        # entry_list orders by json.dumps text, which for these entries is one constant prefix + text(path) +
+        # '}' (json.dumps(ensure_ascii=False) writes strings with the same encode_basestring), and no complete
+        # JSON string text is a proper prefix of another, so ordering by text(path) is the same order, and
+        # equal texts are the duplicates entry_list drops.
+        texts = sorted({text(e) for e in entries})
+        return "[" + ",".join(['{"kind":"file","path":' + x + "}" for x in texts]) + "]"
     return "[" + ",".join([_entry(j) for j in entry_list(entries)]) + "]"
 
 

@@ -26,8 +26,8 @@ Cost (P5 goal: 100,000 nodes in <= 3 s, benchmarks/graph.py): plan keys and the 
 ``_canon`` — canonical text composed from parts, each node's effects text and key text written once and reused
 by the digest — with the generic ``canonical.key`` walk (``keys._plan_key_reference``,
 ``_plan_digest_reference``) as the definition it must equal and the path every refusal is raised from;
-declaration order that is already topological is recognised in one pass; compiled nodes are built with
-``model_construct`` from values this module computed (drafts themselves are never trusted: entries are
+declaration order that is already topological is recognised in one pass; compiled nodes are built like
+``model_construct`` builds them (``_trusted_node``) from values this module computed (drafts themselves are never trusted: entries are
 re-checked above).
 
 Priority in the digest: an int within ±(2**53-1) enters as a JSON number; beyond that (canonical JSON has no
@@ -37,6 +37,7 @@ exact form for it) it enters as its decimal string. The two ranges are disjoint,
 from __future__ import annotations
 
 import heapq
+import re
 import typing as t
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -46,7 +47,17 @@ from ..errors import CanonicalError, PlanError
 from . import _canon
 from ._fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
 from ._keys import effects_json, plan_key_with_effects
-from ._model import NodeDraft, Plan, PlanNode, RuntimeStrategy, Value, WriteConflict, check_write_remove
+from ._model import (
+    NodeDraft,
+    Pending,
+    Plan,
+    PlanNode,
+    Ref,
+    RuntimeStrategy,
+    Value,
+    WriteConflict,
+    check_write_remove,
+)
 from ._overlap import ProducerIndex
 
 __all__ = [
@@ -177,9 +188,16 @@ def _check_entries(d: NodeDraft) -> None:
         raise PlanError(exc.code, f"node {d.id!r}: {exc.message}", cause=exc, node=d.id) from exc
 
 
+# A sufficient (not necessary) test for "normalize_path(x) == x": segments of plain name characters, none of
+# them "." or "..", no NUL, backslash, wildcard, drive colon or empty segment. Anything else takes the full
+# check, which decides (and words the refusal) exactly as before.
+_PLAIN_PATH = re.compile(r"(?!\.\.?(?:/|\Z))[A-Za-z0-9_.+-]+(?:/(?!\.\.?(?:/|\Z))[A-Za-z0-9_.+-]+)*\Z")
+
+
 def _normalised(x: object) -> bool:
     return (
-        (isinstance(x, str) and normalize_path(x) == x)
+        (type(x) is str and _PLAIN_PATH.match(x) is not None)
+        or (isinstance(x, str) and normalize_path(x) == x)
         or (isinstance(x, TreeArtifact) and normalize_path(x.path) == x.path)
         or (
             isinstance(x, Glob)
@@ -195,33 +213,50 @@ def _topological(
     """Depth-first post-order in declaration order over material dependencies (already placed ids are leaves).
     Also returns each draft's material dependencies (``NodeDraft.dependencies()``, computed once here)."""
     where = {d.id: i for i, d in enumerate(drafts)}
-    for d in drafts:
+    # One pass over every input: refuse an unknown dependency, collect each draft's material dependencies
+    # (what NodeDraft.dependencies() returns: Ref/Pending ids, unique, in input order) and decide the common
+    # case — every dependency declared earlier (or already placed). Then the post-order below would emit
+    # exactly the declaration order (each node's dependencies are finished when the outer loop reaches it),
+    # and there is no cycle to find.
+    material: dict[str, tuple[str, ...]] = {}
+    ordered = True
+    for n, d in enumerate(drafts):
         inputs = d.material.inputs
         if type(inputs) is tuple and not inputs:
+            material[d.id] = ()
             continue
+        found: dict[str, None] = {}
         for i, inp in enumerate(inputs):
-            # a Value has no from_: reading its __dict__ skips pydantic's __getattr__ miss (an exception)
-            dep = inp.__dict__.get("from_") if type(inp) is Value else getattr(inp, "from_", None)
-            if dep is not None and dep not in where and dep not in placed:
-                raise PlanError(
-                    "unknown_dependency",
-                    f"node {d.id!r} input #{i} depends on {dep!r}, which is not a node of this plan; declare "
-                    f"{dep!r} or fix the id",
-                    node=d.id,
-                    dependency=dep,
-                )
-    material = {d.id: d.dependencies() for d in drafts}
-    # Common case, decided in one pass: every dependency is declared earlier (or already placed). Then the
-    # post-order below would emit exactly the declaration order (each node's dependencies are finished when
-    # the outer loop reaches it), and there is no cycle to find.
-    ordered = True
-    for i, ds in enumerate(material.values()):
-        for x in ds:
-            if where.get(x, -1) >= i:
+            ti = type(inp)
+            if ti is Value:
+                continue
+            if ti is not Ref and ti is not Pending:
+                if isinstance(inp, Value):
+                    continue
+                if not isinstance(inp, (Ref, Pending)):
+                    # only reachable by bypassing validation (model_construct / model_copy(update=...))
+                    raise PlanError(
+                        "invalid_node",
+                        f"node {d.id!r} input #{i} is a {ti.__name__}, not a Value, Ref or Pending; declare "
+                        "inputs with Value(...), Ref('node') or Pending('node')",
+                        node=d.id,
+                        input=i,
+                    )
+            dep = t.cast("Ref | Pending", inp).from_
+            w = where.get(dep)
+            if w is None:
+                if dep not in placed:
+                    raise PlanError(
+                        "unknown_dependency",
+                        f"node {d.id!r} input #{i} depends on {dep!r}, which is not a node of this plan; "
+                        f"declare {dep!r} or fix the id",
+                        node=d.id,
+                        dependency=dep,
+                    )
+            elif w >= n:
                 ordered = False
-                break
-        if not ordered:
-            break
+            found[dep] = None
+        material[d.id] = tuple(found)
     if ordered:
         return list(drafts), material
     by_id = {d.id: d for d in drafts}
@@ -340,7 +375,9 @@ def _build(
         pos[d.id] = base + i
     all_drafts: list[NodeDraft] = [n.draft for n in existing] + order
     ids: list[str] = [n.id for n in existing] + [d.id for d in order]
-    # Edge lists stay tuples (shared empties, no per-node list) until compile adds an edge (_add_edge).
+    # Edge lists stay tuples (shared empties, no per-node list) while short (_add_edge); grown: the positions
+    # compile added an edge to.
+    grown: set[int] = set()
     deps: list[Sequence[int]] = [tuple([pos[x] for x in n.depends_on]) for n in existing]
     deps += [tuple([pos[x] for x in m]) if (m := material[d.id]) else () for d in order]
 
@@ -399,7 +436,7 @@ def _build(
                 WriteConflict.model_validate({"with": other.id, "strategy": strategy, "runtime": runtime})
             )
             if strategy == "serialize":
-                _add_edge(deps, p, e)
+                _add_edge(deps, p, e, grown)
                 reach.add(e)
 
     # (5b) reader-after-writer edges: a reader depends on every earlier, unordered producer of what it reads.
@@ -412,25 +449,27 @@ def _build(
                 reach = _Reach(deps, deps[p])
                 for e in cands:
                     if not reach.reaches(e):
-                        _add_edge(deps, p, e)
+                        _add_edge(deps, p, e, grown)
                         reach.add(e)
         index.add(p, d.effects.produces)
 
     # Every field below was computed here from drafts checked above (isinstance NodeDraft, entries
     # re-checked): validating them again would only re-prove this function's own output. One shared
     # fields-set: a compiled node is frozen, and pydantic copies the set before any model_copy update.
-    construct = PlanNode.model_construct
     new_nodes = tuple(
         [
-            construct(
-                _NODE_FIELDS,
-                id=ids[p],
-                position=p,
-                generation=generation,
-                key=keys[ids[p]],
-                depends_on=_names(ids, deps[p]),
-                conflicts=tuple(conflicts.get(p, ())),
-                draft=all_drafts[p],
+            _trusted_node(
+                {
+                    "id": ids[p],
+                    "position": p,
+                    "generation": generation,
+                    "key": keys[ids[p]],
+                    # no edge added: the names are the material dependencies themselves, already unique and
+                    # in input order
+                    "depends_on": _names(ids, deps[p]) if p in grown else material[ids[p]],
+                    "conflicts": tuple(conflicts[p]) if p in conflicts else (),
+                    "draft": all_drafts[p],
+                }
             )
             for p in range(base, len(ids))
         ]
@@ -438,11 +477,44 @@ def _build(
     return tuple(existing) + new_nodes, effs, quoted
 
 
-def _add_edge(deps: list[Sequence[int]], p: int, e: int) -> None:
+_setattr = object.__setattr__
+# What PlanNode.model_construct(_NODE_FIELDS, **values) builds when every field is given, without its per-field
+# alias/default walk (a tenth of compiling a 100,000-node plan): the instance dict, the fields-set, no extra, no
+# private state. Only taken while the model has nothing else model_construct would run (a post-init, private
+# attributes, extra fields, a root model); test_plan_compile pins the result equal to model_construct's.
+_TRUSTED_OK = (
+    not PlanNode.__pydantic_post_init__
+    and not PlanNode.__pydantic_root_model__
+    and not PlanNode.__private_attributes__
+    and PlanNode.model_config.get("extra") != "allow"
+    and list(PlanNode.model_fields)
+    == ["id", "position", "generation", "key", "depends_on", "conflicts", "draft"]
+)
+
+
+def _trusted_node(values: dict[str, Any]) -> PlanNode:
+    if not _TRUSTED_OK:
+        return PlanNode.model_construct(_NODE_FIELDS, **values)
+    m = PlanNode.__new__(PlanNode)
+    _setattr(m, "__dict__", values)
+    _setattr(m, "__pydantic_fields_set__", _NODE_FIELDS)
+    _setattr(m, "__pydantic_extra__", None)
+    _setattr(m, "__pydantic_private__", None)
+    return m
+
+
+def _add_edge(deps: list[Sequence[int]], p: int, e: int, grown: set[int]) -> None:
+    # A short edge list stays a tuple (the cyclic GC untracks a tuple of ints; a list it scans until it dies,
+    # and one per node of a 100,000-node plan costs a full collection); a long one becomes a list so that
+    # adding k edges stays linear in k.
     dp = deps[p]
-    if type(dp) is not list:
-        dp = deps[p] = list(dp)
-    dp.append(e)
+    grown.add(p)
+    if type(dp) is list:
+        dp.append(e)
+    elif len(dp) < 8:
+        deps[p] = (*dp, e)
+    else:
+        deps[p] = [*dp, e]
 
 
 def _names(ids: list[str], positions: Sequence[int]) -> tuple[str, ...]:

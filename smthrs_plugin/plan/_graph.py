@@ -115,7 +115,7 @@ class RuntimeGraph:
         self._index: dict[str, int] = {}
         self._nodes: list[PlanNode] = []
         self._deps: list[tuple[int, ...]] = []
-        self._dependents: list[list[int]] = []
+        self._dependents: list[list[int] | tuple[()]] = []  # () until a vertex's first dependent
         self._unresolved: list[int] = []
         self._blocked: list[int] = []
         self._state: list[int] = []
@@ -258,9 +258,12 @@ class RuntimeGraph:
                 )
             outcome = t.cast("Outcome", self._staged[i])
         _check_outcome(outcome)
+        self._finish(i, outcome)
+        if not self._dependents[i] and not self._disc_dependents:
+            # nothing waits on this vertex: the propagation is this settlement alone (most of a wide plan)
+            return Propagation((Settled(node_id, outcome),), ())
         settled: list[Settled] = [Settled(node_id, outcome)]
         ready: list[str] = []
-        self._finish(i, outcome)
         self._propagate([i], settled, ready)
         return Propagation(tuple(settled), tuple(ready))
 
@@ -423,48 +426,80 @@ class RuntimeGraph:
                 raise GraphError("unknown_node", f"deferred node {s!r} is not among the nodes being added")
         # Validate every dependency before mutating anything: nothing partial on refusal.
         resolved: list[tuple[int, ...]] = []
-        for n in items:
+        index = self._index
+        for k, n in enumerate(items):
+            names = n.depends_on
+            if not names:
+                resolved.append(())
+                continue
             dep_ix: list[int] = []
-            for dep in n.depends_on:
-                x = self._index.get(dep, new_index.get(dep))
-                if x is None or x >= new_index[n.id]:
+            for dep in names:
+                x = index.get(dep, new_index.get(dep))
+                if x is None or x >= base + k:
                     raise GraphError(
                         "unknown_node",
                         f"node {n.id!r} depends on {dep!r}, which is not an earlier node of this graph",
                     )
                 dep_ix.append(x)
-            resolved.append(tuple(dict.fromkeys(dep_ix)))
-        for k, n in enumerate(items):
-            i = base + k
-            self._ids.append(n.id)
-            self._index[n.id] = i
-            self._nodes.append(n)
-            self._deps.append(resolved[k])
-            self._dependents.append([])
-            self._state.append(_WAITING)
-            self._outcome.append(None)
-            self._attempts.append(0)
+            resolved.append(tuple(dict.fromkeys(dep_ix)) if len(dep_ix) > 1 else tuple(dep_ix))
+        # Column-wise: one C-level extend per index instead of a dozen appends per node. A vertex's dependents
+        # list is created at its first dependent (a shared empty tuple until then: a list per vertex would be
+        # 100,000 objects the cyclic GC scans for a plan that never needs most of them).
+        end = base + len(items)
+        self._ids.extend([n.id for n in items])
+        self._index.update(new_index)
+        self._nodes.extend(items)
+        self._deps.extend(resolved)
+        self._dependents.extend([()] * len(items))
+        self._state.extend([_WAITING] * len(items))
+        self._outcome.extend([None] * len(items))
+        self._attempts.extend([0] * len(items))
+        dependents, outcome, unresolved_l, blocked_l = (
+            self._dependents,
+            self._outcome,
+            self._unresolved,
+            self._blocked,
+        )
+        w_index = 0
+        for i in range(base, end):
             unresolved = blocked = 0
-            for x in resolved[k]:
-                self._w_index += 1
-                o = self._outcome[x]
+            for x in resolved[i - base]:
+                w_index += 1
+                o = outcome[x]
                 if o is None:
                     unresolved += 1
-                    self._dependents[x].append(i)
+                    dl = dependents[x]
+                    if dl:
+                        dl.append(i)
+                    else:
+                        dependents[x] = [i]
                 elif o not in SUCCESS:
                     blocked += 1
-            self._unresolved.append(unresolved)
-            self._blocked.append(blocked)
-            self._waiting.add(i)
-            self._remaining += 1
-            if n.id in selected:
-                self._defer.add(i)
+            unresolved_l.append(unresolved)
+            blocked_l.append(blocked)
+        self._w_index += w_index
+        self._waiting.update(range(base, end))
+        self._remaining += len(items)
+        for s in selected:
+            self._defer.add(new_index[s])
         settled: list[Settled] = []
         ready: list[str] = []
-        for i in range(base, len(self._ids)):
-            if self._state[i] != _WAITING:
+        state, ids, deferred, waiting, ready_set = (
+            self._state,
+            self._ids,
+            self._defer,
+            self._waiting,
+            self._ready,
+        )
+        for i in range(base, end):
+            if state[i] != _WAITING:
                 continue
-            if self._blocked[i]:
+            if not blocked_l[i] and not unresolved_l[i] and i not in deferred:
+                waiting.discard(i)
+                state[i] = _READY
+                ready_set.add(i)
+                ready.append(ids[i])
+            elif self._blocked[i]:
                 cause = next(self._ids[x] for x in self._deps[i] if self._outcome[x] not in (None, *SUCCESS))
                 self._finish(i, "skipped")
                 settled.append(Settled(self._ids[i], "skipped", cause))

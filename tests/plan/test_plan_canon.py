@@ -164,3 +164,23 @@ def test_effects_text_equals_the_canonical_effects_json() -> None:
             "e", reads=reads, writes=writes, boundary=rng.choice(["hard", "expected"])
         ).effects
         assert _canon.effects(effects) == canonical_bytes(effects_json(effects)).decode("utf-8")
+
+
+def test_exact_file_entries_are_ordered_and_deduplicated_as_the_reference_orders_them() -> None:
+    # '"', control characters and non-ASCII sort differently once escaped: the exact-files fast path orders by
+    # the escaped text, as entry_list does (json.dumps text), and drops entries only when that text is equal
+    from smthrs_plugin.canonical import canonical_bytes
+    from smthrs_plugin.plan._keys import effects_json
+
+    names = ["a", 'a"', "a#", "a\x01", "a\x1f", "a ", "é", "a/é", "a\u2028", "𝔸", "A", "a]", "ab"]
+    rng = random.Random(11)
+    for _ in range(300):
+        picked = tuple(rng.sample(names, rng.randint(1, 6)))
+        picked += tuple(
+            rng.sample(picked, rng.randint(0, min(2, len(picked))))
+        )  # duplicates, as a bypassing caller could
+        effects = sp.plan.node("e").effects.model_copy(update={"reads": picked, "writes": picked[:1]})
+        assert _canon.effects(effects) == canonical_bytes(effects_json(effects)).decode("utf-8")
+    lone = sp.plan.node("e").effects.model_copy(update={"reads": ("a\ud800", "b")})
+    with pytest.raises(_canon.Slow):
+        _canon.effects(lone)

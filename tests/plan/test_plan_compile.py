@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -392,3 +393,64 @@ def test_producer_index_equals_the_all_pairs_overlap_rule(
         index.add(pos, entries)
     q = flatten(query)
     assert index.candidates(q) == {pos for pos, entries in enumerate(flat) if sets_overlap(q, entries)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_entries, _entries), min_size=1, max_size=8))
+def test_producer_index_answers_every_query_between_additions_like_the_all_pairs_rule(
+    steps: list[tuple[list[str], list[str]]],
+) -> None:
+    # queries interleaved with additions: the "strictly under" table is caught up lazily, at the first tree or
+    # glob query after exact paths were added, and a path's producers go from one int to a list
+    index = ProducerIndex()
+    added: list[tuple[Any, ...]] = []
+    for produced, query in steps:
+        q = flatten(query)
+        assert index.candidates(q) == {pos for pos, entries in enumerate(added) if sets_overlap(q, entries)}
+        index.add(len(added), flatten(produced))
+        added.append(flatten(produced))
+
+
+def test_a_compiled_node_is_what_model_construct_builds_from_the_same_fields() -> None:
+    drafts = [
+        sp.plan.node("a", writes=["out/a.txt"]),
+        sp.plan.node("b", inputs=[sp.plan.Pending("a")], reads=["out/a.txt"], writes=["out/b.txt"]),
+        sp.plan.node("c", writes=["out/a.txt"], conflict="lane"),
+        sp.plan.node("d", reads=["out/b.txt", "out/a.txt"]),
+    ]
+    for n in sp.plan.compile_plan("p", "f", drafts).nodes:
+        built = PlanNode.model_construct(set(PlanNode.model_fields), **dict(n.__dict__))
+        assert n == built
+        assert n.__dict__ == built.__dict__ and list(n.__dict__) == list(built.__dict__)
+        assert (n.model_fields_set, n.__pydantic_extra__, n.__pydantic_private__) == (
+            built.model_fields_set,
+            built.__pydantic_extra__,
+            built.__pydantic_private__,
+        )
+        assert n.model_dump(mode="json") == built.model_dump(mode="json")
+        assert PlanNode.model_validate(n.model_dump(mode="json", by_alias=True)) == n
+
+
+def test_depends_on_is_material_dependencies_then_compile_edges_each_once() -> None:
+    drafts = [
+        sp.plan.node("a", writes=["x"]),
+        sp.plan.node("b", writes=["y"]),
+        sp.plan.node("c", inputs=[sp.plan.Ref("b"), sp.plan.Pending("b"), sp.plan.Ref("a")], reads=["x"]),
+        sp.plan.node("d", inputs=[sp.plan.Pending("b")], reads=["x", "y"]),
+        sp.plan.node("e", reads=[f"p/{i}" for i in range(12)]),
+        *[sp.plan.node(f"w{i}", writes=[f"p/{i}"]) for i in range(12)],
+        sp.plan.node("f", reads=[f"p/{i}" for i in range(12)]),
+    ]
+    nodes = {n.id: n for n in sp.plan.compile_plan("p", "f", drafts).nodes}
+    assert nodes["c"].depends_on == ("b", "a")
+    assert nodes["d"].depends_on == ("b", "a")
+    assert nodes["e"].depends_on == ()  # reads before the writers: source reads, no edge
+    assert nodes["f"].depends_on == tuple(f"w{i}" for i in range(11, -1, -1))  # nearest producer first
+
+
+def test_an_input_that_bypassed_validation_is_refused_as_invalid_node() -> None:
+    draft = sp.plan.node("a")
+    bad = draft.model_copy(update={"material": draft.material.model_copy(update={"inputs": ("a-string",)})})
+    with pytest.raises(PlanError) as exc:
+        sp.plan.compile_plan("p", "f", [sp.plan.node("z"), bad])
+    assert exc.value.code == "invalid_node" and "input #0 is a str" in exc.value.message
