@@ -373,9 +373,12 @@ class Runtime:
         for h in hosts:
             h.close()
         with self._lock:
-            measurer = self._measurer
+            measurer, dispatcher = self._measurer, self._dispatcher
         if measurer is not None:
             measurer.close()
+        local = getattr(dispatcher, "local", None)  # a replaced seam (tests, benchmarks) may have none
+        if local is not None:
+            local.close()  # the hit path's change probe holds a connection of its own
 
     def __enter__(self) -> Runtime:
         return self

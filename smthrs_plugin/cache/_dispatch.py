@@ -79,7 +79,7 @@ from ..stores._database import Database
 from ._admission import Admissible, admission_claims, admit, read_set_verified
 from ._bounds import SizeCaps, check_size
 from ._entry import CacheEntry, NotCacheable, Scope, check_cacheable
-from ._local import DifferentResult, LocalHit, LocalTier, LocalUndecodable
+from ._local import ChangeToken, DifferentResult, LocalHit, LocalTier, LocalUndecodable, Remembered
 from ._model import (
     CacheDecision,
     DispatchRequest,
@@ -93,7 +93,7 @@ from ._model import (
     UnverifiableEvidence,
     VerifiedHit,
 )
-from ._serve import Refused, replay_entry, verify_entry
+from ._serve import Refused, replay_entry, served_state, still_served, verify_entry
 from ._shared import PublicationFailed, Published, Refusal, Replaced, SharedTier, same_store
 from ._signing import Trust, shared_trust_warning, trust_from_settings
 from ._support import KEY_LOCKS, PhaseTimer
@@ -303,15 +303,27 @@ class CacheDispatcher:
         self, request: DispatchRequest, timer: PhaseTimer, seen: _Consulted
     ) -> tuple[CacheDecision, DispatchResult | None]:
         with timer("lookup"):
-            found = self.local.lookup(request.key)
+            # The token first: a commit after it (another process invalidating the row, ...) changes it.
+            token = self.local.change_token()
+            remembered = self._remembered(request, token)
+            found = self.local.lookup(request.key) if remembered is None else remembered
         failure: CacheDecision | None = None
         if isinstance(found, LocalHit) and self._revoked_locally(request, found.entry):
+            self.local.forget(request.key)
             failure = UnverifiableEvidence("local entry: its key was revoked (smthrs cache revoke)")
         elif isinstance(found, LocalUndecodable):
             self._invalidate(request, found.key_digest, "undecodable")
             failure = UnverifiableEvidence(f"local entry: {found.reason}")
         elif isinstance(found, LocalHit):
-            outcome = self._serve(request, found.entry, "local", found.last_used_at_ms, timer)
+            outcome = self._serve(
+                request,
+                found.entry,
+                "local",
+                found.last_used_at_ms,
+                timer,
+                token=token,
+                verified=remembered is not None,
+            )
             if isinstance(outcome, DispatchResult):
                 return outcome.decision or VerifiedHit("local"), outcome
             if not isinstance(outcome, UnverifiableEvidence):
@@ -350,6 +362,25 @@ class CacheDispatcher:
             shared_failure = shared_failure or outcome
         return shared_failure or failure or Miss(), None
 
+    def _remembered(self, request: DispatchRequest, token: ChangeToken | None) -> LocalHit | None:
+        """This process's last verified serve of ``request.key`` when nothing can have changed since: no commit to
+        the database (same ``token``: the row is exactly the one served), the same declaration and read set,
+        and every read, output and removal in the state that verification left (:func:`still_served`, by stat
+        and the stat cache's racy-timestamp rule). Then the row need not be read nor the entry re-verified; its
+        revocation, value decoding and hit record are done as for any local hit. None: verify in full."""
+        memo = self.local.recall(request.key, token)
+        if memo is None:
+            return None
+        if (
+            memo.entry.key != request.key
+            or memo.entry.evidence.read_set != tuple(sorted(request.reads))
+            or memo.verified[0] != request.declaration
+            or not still_served(memo.verified[1], self.workspace, self.measurer)
+        ):
+            self.local.forget(request.key)
+            return None
+        return LocalHit(memo.entry, memo.last_used_at_ms)
+
     def _revoked_locally(self, request: DispatchRequest, entry: CacheEntry) -> bool:
         """Whether a local row's key was revoked, by this process's revocation view (bounded staleness: re-listed
         at most every ``revocation_refresh_s`` — a warm local hit pays no round trip to the shared tier)."""
@@ -377,21 +408,37 @@ class CacheDispatcher:
         tier: str,
         last_used_ms: int | None,
         timer: PhaseTimer,
+        *,
+        token: ChangeToken | None = None,
+        verified: bool = False,
     ) -> DispatchResult | CacheDecision:
-        with timer("verify"):
-            verdict = verify_entry(
-                entry, tier, request.reads, self.workspace, self.measurer, request.declaration
-            )
-        if isinstance(verdict, Refused):
-            return self._refused(request, entry, verdict)
+        """Serve ``entry``: verify (confinement, admission, read set), decode its value, replay its outputs, record
+        the hit. ``verified``: a remembered local serve whose verification and outputs still hold
+        (:meth:`_remembered`), so only its value is decoded again. ``token``: the database change token taken
+        before ``entry``'s local row was read; a fully verified local serve is remembered under it."""
+        if not verified:
+            with timer("verify"):
+                verdict = verify_entry(
+                    entry, tier, request.reads, self.workspace, self.measurer, request.declaration
+                )
+            if isinstance(verdict, Refused):
+                return self._refused(request, entry, verdict)
         with timer("replay"):
             value = self._decode_value(entry, tier)
         if isinstance(value, Refused):
             return self._refused(request, entry, value)
-        with timer("replay"):
-            failed = replay_entry(entry, self.workspace, self.artifacts, self.shared, self.measurer)
-        if failed is not None:
-            return self._refused(request, entry, failed)
+        if not verified:
+            with timer("replay"):
+                failed = replay_entry(entry, self.workspace, self.artifacts, self.shared, self.measurer)
+            if failed is not None:
+                return self._refused(request, entry, failed)
+            if tier == "local" and token is not None and last_used_ms is not None:
+                state = served_state(entry, self.workspace)
+                if state is not None:
+                    self.local.remember(
+                        request.key,
+                        Remembered(token, entry, last_used_ms, (request.declaration, state)),
+                    )
         result = DispatchResult(
             outcome="clean",
             key=request.key,
@@ -424,6 +471,7 @@ class CacheDispatcher:
         )
 
     def _refused(self, request: DispatchRequest, entry: CacheEntry, refused: Refused) -> CacheDecision:
+        self.local.forget(request.key)
         if refused.invalidate:
             self._invalidate(request, entry.name, refused.reason)
         elif refused.reason:

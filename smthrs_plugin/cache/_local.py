@@ -16,14 +16,24 @@ Invariants
   new result replaces it or ``gc`` removes it, so its blobs stay referenced meanwhile.
 - Reads decode and verify (``decode_entry``): an undecodable row is reported, never served, with a warning naming
   its key digest.
+- **The verified-hit memo trusts nothing the database may have changed.** :meth:`LocalTier.remember` keeps, per
+  dispatch key, the entry this process last served from its row and the verification it passed, under the
+  database's change token taken BEFORE that row was read (:class:`ChangeProbe`: SQLite's ``PRAGMA
+  data_version`` on a dedicated connection that never writes, which changes on every commit of any other
+  connection — this process's own pool, another process, a restore). :meth:`LocalTier.recall` returns it only while the token is still the same:
+  no commit anywhere since the row was read, so the row is still exactly what was served (not invalidated,
+  replaced, deleted or touched). PostgreSQL has no such token: nothing is remembered and every lookup reads.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from sqlalchemy.engine import Connection
 
@@ -46,10 +56,83 @@ __all__ = [
     "DifferentResult",
     "RecordOutcome",
     "row_key_of",
+    "ChangeProbe",
+    "ChangeToken",
+    "Remembered",
+    "MEMO_CAPACITY",
 ]
 
 log = logging.getLogger(__name__)
 _PAGE = 200
+#: Verified hits remembered per local tier (oldest dropped first): a bound on memory, not on correctness.
+MEMO_CAPACITY = 512
+
+#: An opaque database change token: equal tokens mean no commit happened in between (see :class:`ChangeProbe`).
+ChangeToken = tuple[int, int, int]
+
+
+class ChangeProbe:
+    """Whether anything was committed to a SQLite database since a token was taken, without querying any table.
+
+    ``PRAGMA data_version`` of one connection changes whenever another connection commits (SQLite documents it
+    for exactly this: detecting changes made by others). This probe's connection is dedicated, ``query_only``
+    and never writes, so EVERY commit — of this process's pooled connections, of another process, of a restore
+    (``smthrs recover restore`` writes through SQLite's backup API into the live file) — is "another
+    connection's". The token carries the process id so a forked child never uses its parent's connection. Any
+    failure to probe is "unknown" (None): the caller then reads the row, it never trusts a memo. One probe costs
+    one pragma and no system call of its own: a hit's every release of the GIL is a chance to wait for another
+    thread (Prefect's event and API threads) for a whole switch interval."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self._generation = 0  # bumped per connection: versions of two connections are not comparable
+        self._warned = False
+
+    def token(self) -> ChangeToken | None:
+        """The current token, or None when it cannot be known."""
+        pid = os.getpid()
+        with self._lock:
+            try:
+                conn = self._conn
+                if conn is None or self._pid != pid:
+                    # A forked child opens its own connection (a parent's is left alone, never closed here).
+                    conn = self._conn = sqlite3.connect(
+                        f"file:{self.path}?mode=rw", uri=True, isolation_level=None, check_same_thread=False
+                    )
+                    conn.execute("PRAGMA query_only = 1")
+                    self._pid = pid
+                    self._generation += 1
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error as exc:
+                self._conn = None
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "cannot probe %s for changes (%s): every cache hit reads its row", self.path, exc
+                    )
+                return None
+            generation = self._generation
+        return (pid, generation, int(version))
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                conn.close()
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A local entry served and verified by this process under ``token`` (see the module invariants).
+    ``verified``: what the verification established, for the caller to re-check (:mod:`._serve`)."""
+
+    token: ChangeToken
+    entry: CacheEntry
+    last_used_at_ms: int
+    verified: Any
 
 
 @dataclass(frozen=True)
@@ -106,6 +189,48 @@ class LocalTier:
     def __init__(self, db: Database, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.db = db
         self.clock = clock
+        path = db.sqlite_path
+        usable = path is not None and str(path) not in ("", ":memory:")
+        self._probe: ChangeProbe | None = ChangeProbe(str(path)) if usable else None
+        self._memo: dict[str, Remembered] = {}
+        self._memo_lock = threading.Lock()
+
+    # -- the verified-hit memo -------------------------------------------------------------------------------
+
+    def change_token(self) -> ChangeToken | None:
+        """The database's change token now (None: unknown, or not SQLite). Take it BEFORE reading a row."""
+        return None if self._probe is None else self._probe.token()
+
+    def remember(self, key: str, remembered: Remembered) -> None:
+        """Remember a verified local hit of ``key`` (its token taken before its row was read)."""
+        with self._memo_lock:
+            self._memo.pop(key, None)
+            if len(self._memo) >= MEMO_CAPACITY:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = remembered
+
+    def recall(self, key: str, token: ChangeToken | None) -> Remembered | None:
+        """The remembered hit of ``key`` if nothing was committed since it was read (same ``token``)."""
+        if token is None:
+            return None
+        found = self._memo.get(key)
+        if found is None:
+            return None
+        if found.token != token:
+            self.forget(key)
+            return None
+        return found
+
+    def forget(self, key: str) -> None:
+        with self._memo_lock:
+            self._memo.pop(key, None)
+
+    def close(self) -> None:
+        """Release the change probe's connection (reopened lazily if used again)."""
+        with self._memo_lock:
+            self._memo.clear()
+        if self._probe is not None:
+            self._probe.close()
 
     # -- serving ---------------------------------------------------------------------------------------------
 

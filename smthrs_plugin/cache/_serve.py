@@ -26,12 +26,22 @@ Invariants (SEMANTICS.md §4, seed step-boundaries "Replay refusals a caller can
   and propagates.
 - A replay stages and verifies everything before touching the workspace (``replay_outputs``), so a failed replay
   leaves the workspace as it was.
+- **Re-checking a served entry by stat alone** (:func:`served_state`, :func:`still_served`) proves the same facts
+  the full verification established, or answers False: every recorded read and every output is, right now, a
+  regular file (not a link) whose stat tuple the measurer's stat cache maps to the recorded digest — the same
+  trust a re-measurement gives, racy-timestamp rule included (a file changed within the racy window of its
+  hashing, or changed in place with its size and mtime restored, whose ctime then moved, is not trusted); each
+  output also has its recorded mode; a read recorded absent and every removal are still absent; every
+  directory above those paths is still the same directory (no link swapped in: a path must not start to
+  resolve outside the workspace); the workspace root is still the same directory. Anything else — including
+  a measurer without a stat cache — is False, and the caller verifies in full.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat as stat_mod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +49,7 @@ from typing import Union
 
 from ..boundary._boundary import Declaration, ReadSetChanged, check_read_set
 from ..boundary._evidence import Evidence, normal_mode, referenced_digests
-from ..boundary._measure import Measurer
+from ..boundary._measure import ABSENT, Measurer
 from ..boundary._replay import check_replayable, replay_outputs
 from ..errors import ArtifactError, BoundaryError, ReplayError
 from ..plan._fileset import PathEntry, TreeArtifact, entry_matches
@@ -49,7 +59,17 @@ from ._entry import CacheEntry
 from ._model import ReplayFailed, StaleReadSet, Unmeasurable, UnverifiableEvidence
 from ._shared import SharedTier, same_store
 
-__all__ = ["Verified", "Refused", "verify_entry", "check_confined", "replay_entry", "outputs_present"]
+__all__ = [
+    "Verified",
+    "Refused",
+    "verify_entry",
+    "check_confined",
+    "replay_entry",
+    "outputs_present",
+    "ServedState",
+    "served_state",
+    "still_served",
+]
 
 log = logging.getLogger(__name__)
 
@@ -284,3 +304,78 @@ def _drop_corrupt(store: ArtifactStore, digest: str) -> None:
     if isinstance(check, Corrupt):
         store.delete_blob(digest)
         log.warning("deleted corrupt blob %s from %s (it hashed to %s)", digest, store.url, check.actual)
+
+
+@dataclass(frozen=True)
+class ServedState:
+    """What a fully verified serve established about the workspace, in the form :func:`still_served` re-checks:
+    ``files`` (path, digest or ``"absent"``, mode or None for a read), ``absent`` (removals) and ``dirs`` (every
+    directory above those paths with its (device, inode))."""
+
+    files: tuple[tuple[str, str, int | None], ...]
+    absent: tuple[str, ...]
+    dirs: tuple[tuple[str, int, int], ...]
+
+
+def served_state(entry: CacheEntry, workspace: Path) -> ServedState | None:
+    """The state to re-check ``entry``'s serve by (call right after it was verified and replayed); None when a
+    directory above one of its paths is not a plain directory now (nothing is remembered then)."""
+    ev = entry.evidence
+    files: list[tuple[str, str, int | None]] = [(p, d, None) for p, d in ev.read_set]
+    files += [(o.path, o.digest, normal_mode(o.mode)) for o in ev.outputs]
+    absent = tuple(r.rstrip("/") for r in ev.removals)
+    parents: set[str] = set()
+    for path in [f[0] for f in files] + list(absent):
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parents.add("/".join(parts[:i]))
+    dirs: list[tuple[str, int, int]] = []
+    root = str(workspace)
+    for d in sorted(parents):
+        try:
+            st = os.lstat(f"{root}/{d}")
+        except OSError:
+            continue  # an absent directory above an absent read or a removal: its absence is re-checked below
+        if not stat_mod.S_ISDIR(st.st_mode):
+            return None
+        dirs.append((d, st.st_dev, st.st_ino))
+    return ServedState(tuple(files), absent, tuple(dirs))
+
+
+def still_served(state: ServedState, workspace: Path, measurer: Measurer) -> bool:
+    """Whether the workspace still holds exactly what ``state`` recorded (see the module invariants); False
+    means "verify in full", never "refuse"."""
+    cache = measurer.stat_cache
+    if cache is None:
+        return False
+    root = str(workspace)
+    for d, dev, ino in state.dirs:
+        try:
+            st = os.lstat(f"{root}/{d}")
+        except OSError:
+            return False
+        if st.st_ino != ino or st.st_dev != dev or not stat_mod.S_ISDIR(st.st_mode):
+            return False
+    for path, digest, mode in state.files:
+        try:
+            st = os.lstat(f"{root}/{path}")
+        except (FileNotFoundError, NotADirectoryError):
+            if digest == ABSENT:
+                continue
+            return False
+        except OSError:
+            return False
+        if digest == ABSENT or not stat_mod.S_ISREG(st.st_mode):
+            return False
+        if mode is not None and stat_mod.S_IMODE(st.st_mode) != mode:
+            return False
+        if cache.lookup(path, st) != digest:
+            return False
+    for path in state.absent:
+        if os.path.lexists(f"{root}/{path}"):
+            return False
+    try:
+        measurer.check_root()
+    except BoundaryError:
+        return False  # the full verification reports the lost root
+    return True

@@ -21,6 +21,11 @@ event                             resource (``prefect.resource.id``)   payload
 (approved | denied)                                                    keys, then who decided how)
 ================================  ===================================  ==================================================
 
+A ``@step`` hit inside a Prefect task run sends no ``smthrs.step.clean``: its task run ends ``Completed`` named
+``Cached`` (the state message names the dispatch key), which is Prefect's own record of the same fact; the hit's
+``step-settled`` journal record still names the run, key, tier and task run. ``smthrs.step.clean`` is sent for a
+hit outside a task run (the body called without Prefect's task engine).
+
 Labels on the primary resource: ``prefect.resource.name`` and, where they apply, ``smthrs.run-id``,
 ``smthrs.plan-id``, ``smthrs.node``, ``smthrs.step``, ``smthrs.outcome``, ``smthrs.subject``, ``smthrs.decision``,
 ``smthrs.reason``, ``smthrs.wait``, ``smthrs.request``. Related resources (role): the Prefect task run

@@ -20,7 +20,7 @@ Invariants
 - **Always a value; a hit looks like a hit.** A direct call returns the step's value (a hit returns the stored
   value), never a Prefect State (unless the caller passes ``return_state=True``). ``.submit()`` / ``.map()``
   futures resolve to the value too. However the step is called, a hit's task run ends ``Completed`` named
-  ``Cached`` (and emits ``smthrs.step.clean``): the body returns that state and a direct call unwraps the value
+  ``Cached`` (its message names the dispatch key): the body returns that state and a direct call unwraps the value
   Prefect hands back (:func:`_value_of`; only OUR hit state, recognised by its message, is unwrapped). A failed
   dispatch raises the step's own error, untouched on every path, so Prefect's ``retries=`` retry it (each retry
   is an attempt).
@@ -39,7 +39,15 @@ Invariants
   wherever Prefect runs the body (threads, processes, Dask).
 - **Prefect hears about every call** once it settled (catalogue: :mod:`._events`): ``smthrs.step.<outcome>``,
   ``smthrs.cache.refused`` when an existing entry was not served, and, once per flow run (in the flow run's own
-  process), an artifact naming the flow run's smthrs run and the commands that inspect it.
+  process), an artifact naming the flow run's smthrs run and the commands that inspect it. A hit inside a task
+  run is told by that task run's own ``Cached`` state and sends no ``smthrs.step.clean`` (one fact, one record);
+  a hit outside a task run (the body called without Prefect) still sends it.
+- **A hit's own cost is a few stat calls.** The request of a sealed step is rebuilt only when its canonical
+  arguments, environment, workspace or measured read digests differ from a call this process already keyed
+  (:func:`_request_for`); the seam then serves a local entry it verified before without reading its row again
+  while the database is unchanged and every read and output still stats as verified
+  (``cache._dispatch.CacheDispatcher._remembered``). The ``step-settled`` record of every call is still
+  journaled (hits in fenced batches, :mod:`._stepjournal`).
 
 Prior art: Prefect's ``INPUTS + TASK_SOURCE`` cache policy (keys on argument reprs and source), Bazel's action
 key (keys on input file digests): this is the second, shaped like the first.
@@ -50,12 +58,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import hashlib
 import inspect
 import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -64,7 +74,9 @@ from typing import Any, TypeVar
 import prefect
 from prefect.cache_policies import NO_CACHE
 
-from ..cache._requests import declaration_of, node_request
+from ..boundary._boundary import Declaration
+from ..cache._model import DispatchRequest
+from ..cache._requests import build_request, declaration_of, measure_reads, node_request
 from ..canonical import canonical_bytes
 from ..codecs import HOOK_NAME, CodecRegistry
 from ..engine._context import waits_forbidden
@@ -210,6 +222,14 @@ class _StepSpec:
         """Bind a call and compute every argument's key form (the key folds their canonical values): plain JSON
         as itself, typed values through the value codecs (``codecs``; default: the process's registry, built-ins
         + plugins). The body still receives the original values (``bound``)."""
+        bound, values, _ = self.keyed_arguments(args, kwargs, codecs)
+        return bound, values
+
+    def keyed_arguments(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], codecs: CodecRegistry | None = None
+    ) -> tuple[inspect.BoundArguments, dict[str, Any], bytes]:
+        """:meth:`arguments` plus the canonical bytes of all the key forms together (what the request memo is
+        keyed on: equal bytes, equal key inputs)."""
         try:
             bound = self.call_signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -218,11 +238,15 @@ class _StepSpec:
             ) from exc
         bound.apply_defaults()
         registry = codecs if codecs is not None else process_codecs()
-        values: dict[str, Any] = {}
+        try:
+            values = {name: registry.key_form(value) for name, value in bound.arguments.items()}
+            return bound, values, canonical_bytes(values)
+        except (CodecError, CanonicalError):
+            pass
+        # Name the first argument (in order) that has no key form or no canonical form.
         for name, value in bound.arguments.items():
             try:
-                form = registry.key_form(value)
-                canonical_bytes(form)
+                canonical_bytes(registry.key_form(value))
             except (CodecError, CanonicalError) as exc:
                 raise CacheError(
                     "key_uncomputable",
@@ -234,8 +258,11 @@ class _StepSpec:
                     step=self.identity,
                     argument=name,
                 ) from exc
-            values[name] = form
-        return bound, values
+        raise CacheError(  # pragma: no cover - every argument has a canonical form, so has the mapping of them
+            "key_uncomputable",
+            f"step {self.identity}: its arguments have no canonical form",
+            step=self.identity,
+        )
 
     def environment_for(self, runtime_defaults: Mapping[str, Any]) -> dict[str, Any]:
         env = default_environment()
@@ -264,12 +291,102 @@ def _run_step(
     kwargs: dict[str, Any],
     on_loop: _BodyOnLoop | None = None,
 ) -> Any:
-    bound, values = spec.arguments(args, kwargs)  # typed refusal before any write
+    bound, values, canonical = spec.keyed_arguments(args, kwargs)  # typed refusal before any write
     if ctx is None:
         ctx = context_for_call()
     scope = standalone_run(f"step/{spec.identity}") if ctx is None else nullcontext(ctx)
     with scope as run_ctx:
-        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop)
+        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop, canonical)
+
+
+class _RequestMemo:
+    """The requests a step built, by what they were built from (see :func:`_request_for`). Bounded; per step and
+    process (never pickled with the step: a worker process builds its own)."""
+
+    __slots__ = ("lock", "drafts", "requests")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.drafts: dict[tuple[bytes, bytes, str], tuple[NodeDraft, Declaration]] = {}
+        self.requests: dict[tuple[bytes, bytes, str, tuple[tuple[str, str], ...]], DispatchRequest] = {}
+
+    def put(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        with self.lock:
+            if len(table) >= _MEMO_CAPACITY:
+                table.pop(next(iter(table)))
+            table[key] = value
+
+
+#: Requests (and drafts) remembered per step: a bound on memory, not on correctness.
+_MEMO_CAPACITY = 256
+_MEMOS: weakref.WeakKeyDictionary[_StepSpec, _RequestMemo] = weakref.WeakKeyDictionary()
+_MEMOS_LOCK = threading.Lock()
+
+
+def _memo_of(spec: _StepSpec) -> _RequestMemo:
+    memo = _MEMOS.get(spec)
+    if memo is None:
+        with _MEMOS_LOCK:
+            memo = _MEMOS.setdefault(spec, _RequestMemo())
+    return memo
+
+
+def _request_for(
+    spec: _StepSpec,
+    rt: Any,
+    run_id: str,
+    attempt: int,
+    values: dict[str, Any],
+    canonical: bytes,
+    env: dict[str, Any],
+) -> tuple[NodeDraft, DispatchRequest]:
+    """The call's draft and dispatch request. A sealed step's request is a pure function of its canonical
+    argument key forms, its environment, its workspace and the read digests measured NOW (the key folds exactly
+    these; run id and attempt only label the request), so it is built once per distinct combination and reused
+    — the reads are still measured on every call, and the seam still re-verifies them before serving a hit. A
+    non-sealed step's key folds the run, so it is always built afresh."""
+    measurer = rt.dispatcher.measurer
+    try:
+        env_bytes = canonical_bytes(env)
+    except CanonicalError:
+        env_bytes = None  # built the long way: the key computation reports it
+    if spec.tier != "sealed" or env_bytes is None:
+        draft = spec.draft(values)
+        return draft, node_request(
+            draft,
+            run_id=run_id,
+            workspace=rt.workspace,
+            measurer=measurer,
+            environment=env,
+            attempt=attempt,
+            subject=spec.identity,
+        )
+    memo = _memo_of(spec)
+    base = (canonical, env_bytes, str(rt.workspace))
+    drafted = memo.drafts.get(base)
+    if drafted is None:
+        fresh = spec.draft(values)
+        drafted = (fresh, declaration_of(fresh))
+        memo.put(memo.drafts, base, drafted)
+    draft, decl = drafted
+    reads = measure_reads(measurer, decl)
+    request = memo.requests.get((*base, reads))
+    if request is None:
+        request = build_request(
+            draft,
+            run_id=run_id,
+            workspace=rt.workspace,
+            reads=reads,
+            declaration=decl,
+            environment=env,
+            attempt=attempt,
+            subject=spec.identity,
+        )
+        memo.put(memo.requests, (*base, reads), request)
+    elif request.run_id != run_id or request.attempt != attempt:
+        request = dataclasses.replace(request, run_id=run_id, attempt=attempt)
+        memo.put(memo.requests, (*base, reads), request)  # the next call of this run reuses it as is
+    return draft, request
 
 
 def _dispatch(
@@ -279,20 +396,12 @@ def _dispatch(
     bound: inspect.BoundArguments,
     values: dict[str, Any],
     on_loop: _BodyOnLoop | None,
+    canonical: bytes,
 ) -> Any:
     rt = ctx.spec.open()
     task_run_id, attempt = _task_run_ids()
-    draft = spec.draft(values)
     env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
-    request = node_request(
-        draft,
-        run_id=ctx.run_id,
-        workspace=rt.workspace,
-        measurer=rt.dispatcher.measurer,
-        environment=env,
-        attempt=attempt,
-        subject=spec.identity,
-    )
+    draft, request = _request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
@@ -308,7 +417,10 @@ def _dispatch(
     result = rt.dispatcher.dispatch(request, execute)
     payload = _payload(spec, result, attempt, task_run_id)
     record_settled(rt, ctx.run_id, ctx.owner, payload, hit=result.outcome == "clean")
-    _tell(spec, ctx, rt, draft, result, attempt, task_run_id)
+    # A hit returned as OUR Cached state inside a task run: that state (its message names the key) is what
+    # Prefect shows and records for the call; a smthrs.step.clean event would say it a second time.
+    cached_state = result.outcome == "clean" and as_state and task_run_id is not None
+    _tell(spec, ctx, rt, draft, result, attempt, task_run_id, event=not cached_state)
     if result.outcome == "failed":
         err = result.error
         if isinstance(err, BaseException):
@@ -350,8 +462,11 @@ def _tell(
     result: Any,
     attempt: int,
     task_run_id: str | None,
+    *,
+    event: bool = True,
 ) -> None:
-    """Mirror the settlement to plugins' observers and as a Prefect event (never changes the outcome)."""
+    """Mirror the settlement to plugins' observers and (``event``) as a Prefect event (never changes the
+    outcome)."""
     decision = None if result.decision is None else result.decision.tag
     if rt.plugins.has_observers("smthrs_node_settled"):
         rt.plugins.notify_node_settled(
@@ -368,22 +483,23 @@ def _tell(
                 error=error_line(result.error),
             ),
         )
-    _events.emit(
-        _events.step_settled(
-            run_id=ctx.run_id,
-            step=spec.identity,
-            node=spec.name,
-            attempt=attempt,
-            dispatch_key=result.key,
-            outcome=result.outcome,
-            cache_decision=decision,
-            tier=getattr(result.decision, "tier", None),
-            error=error_line(result.error),
-            timings_ms=dict(result.timings),
-            task_run_id=task_run_id,
-            flow_run_id=ctx.flow_run_id,
+    if event:
+        _events.emit(
+            _events.step_settled(
+                run_id=ctx.run_id,
+                step=spec.identity,
+                node=spec.name,
+                attempt=attempt,
+                dispatch_key=result.key,
+                outcome=result.outcome,
+                cache_decision=decision,
+                tier=getattr(result.decision, "tier", None),
+                error=error_line(result.error),
+                timings_ms=dict(result.timings),
+                task_run_id=task_run_id,
+                flow_run_id=ctx.flow_run_id,
+            )
         )
-    )
     _events.emit(
         _events.cache_refused(
             run_id=ctx.run_id,
