@@ -5,6 +5,10 @@ Invariants
 - Prefect orchestrates, the plugin caches: node tasks are built with ``cache_policy=NO_CACHE,
   persist_result=False, retries=0`` — Prefect never caches or retries a node on its own (the scheduler owns
   rebases, the dispatch seam owns the cache).
+- A node costs Prefect one task run and nothing more: the task object is built once per plan (each node a cheap
+  renamed copy), no ``wait_for`` edges (a node is submitted only once its inputs settled), no result persisted,
+  the outcome read from the finished state in memory. The one ``plan:<id>`` tag is documented behaviour; note that
+  Prefect pays a tag-concurrency slot request per tagged task run.
 - A task run's name is ``"<node id> #<attempt>"``; its final state mirrors the dispatch: ``Completed`` (built),
   ``Completed`` named ``Cached`` (clean: a verified hit), ``Failed`` (the node failed; named ``Conflict`` for a
   copy-back conflict the scheduler will rebase). The coordinator receives the :class:`JobOutcome` either way.
@@ -16,10 +20,11 @@ Invariants
 - Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``, and ``smthrs.cache.refused``
   when an existing entry was not served; catalogue: :mod:`._events`) on the flow's own context, and, when the pass
   ends, the Report — naming the smthrs run id and the commands that inspect it — is attached to the flow run as a
-  markdown artifact (see :mod:`.prefect_plugin`). A plan run that parks inside :func:`run_plan_in_flow` is
-  announced (``smthrs.run.parked``, ``smthrs.approval.requested``, an artifact and a state message naming the
-  commands that approve, inspect or cancel it). Prefect being unreachable for an event is Prefect's own (logged)
-  concern; it never changes a node's outcome.
+  markdown artifact (see :mod:`.prefect_plugin`). A node's event is sent after the coordinator has its outcome
+  (the settlement is durable by then), so telling Prefect never delays the node's dependents. A plan run that
+  parks inside :func:`run_plan_in_flow` is announced (``smthrs.run.parked``, ``smthrs.approval.requested``, an
+  artifact and a state message naming the commands that approve, inspect or cancel it). Prefect being unreachable
+  for an event is Prefect's own (logged) concern; it never changes a node's outcome.
 
 Prior art: Bazel's remote execution (the scheduler keys and caches; executors only run), Prefect's own
 ``task_runner.submit`` contract.
@@ -163,17 +168,19 @@ class PrefectHost:
             try:
                 fut.wait()
                 state = fut.state
-                data = state.result(raise_on_failure=False)
+                data = _returned(state)
             except BaseException as exc:  # the bridge itself failed: the coordinator must hear it
                 out.set_exception(exc)
                 return
             if isinstance(data, JobOutcome):
                 elapsed = (time.perf_counter() - started) * 1000.0
-                with self._lock:
+                with self._lock:  # before the coordinator hears of it: the Report artifact reads it
                     self.durations_ms[spec.node_id] = elapsed
+                # The settlement is durable once the job returned: the coordinator may schedule the node's
+                # dependents now, and the event (which reports that durable fact) follows without delaying them.
+                out.set_result(data)
                 if self.emit_events:
                     flow_ctx.run(_emit, job, data, str(fut.task_run_id), flow_run_id, elapsed)
-                out.set_result(data)
             elif isinstance(data, BaseException):
                 out.set_exception(data)
             else:
@@ -214,6 +221,19 @@ class PrefectHost:
 
     def __repr__(self) -> str:
         return f"PrefectHost(run_id={self.run_id!r})"
+
+
+def _returned(state: Any) -> Any:
+    """What a finished node task run returned. With ``persist_result=False`` the value stays in memory inside the
+    state's ``ResultRecord``: read it there, as ``State.result`` itself does, without that method's hop through
+    Prefect's event-loop thread (a measurable share of a no-op node). Any other shape (a result Prefect must
+    fetch, an exception state without data) takes ``State.result``'s full path."""
+    from prefect.results import ResultRecord
+
+    data = state.data
+    if isinstance(data, ResultRecord) and state.is_final():
+        return data.result
+    return state.result(raise_on_failure=False)
 
 
 def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:
