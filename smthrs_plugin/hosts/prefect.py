@@ -1,5 +1,5 @@
 """The Prefect host: every node dispatch of a plan is one Prefect task run, submitted through the current flow
-run's task runner (threads, processes or Dask), named after the node and tagged with the plan id.
+run's task runner (threads, processes or Dask), named after the node.
 
 Invariants
 - Prefect orchestrates, the plugin caches: node tasks are built with ``cache_policy=NO_CACHE,
@@ -7,8 +7,14 @@ Invariants
   rebases, the dispatch seam owns the cache).
 - A node costs Prefect one task run and nothing more: the task object is built once per plan (each node a cheap
   renamed copy), no ``wait_for`` edges (a node is submitted only once its inputs settled), no result persisted,
-  the outcome read from the finished state in memory. The one ``plan:<id>`` tag is documented behaviour; note that
-  Prefect pays a tag-concurrency slot request per tagged task run.
+  the outcome read from the finished state in memory, and no tag unless asked (``PrefectHost(tags=...)``, or a
+  ``prefect.tags(...)`` block around the run): Prefect pays a tag-concurrency slot request per tagged task run,
+  more than the whole rest of a node's overhead here, and a plan's task runs are already grouped by their flow
+  run.
+- On an in-process runner (``ThreadPoolTaskRunner``) the host ``shares_process``: a node's job runs on one of
+  the runner's threads in this process, so its settlement commits through the coordinator's commit queue and a
+  sealed node may start before its attempt row commits (``scheduler._session``, pipelining). Other runners get
+  each job only after its attempt row committed.
 - A task run's name is ``"<node id> #<attempt>"``; its final state mirrors the dispatch: ``Completed`` (built),
   ``Completed`` named ``Cached`` (clean: a verified hit), ``Failed`` (the node failed; named ``Conflict`` for a
   copy-back conflict the scheduler will rebase). The coordinator receives the :class:`JobOutcome` either way.
@@ -139,6 +145,16 @@ class PrefectHost:
 
     # -- Host protocol ---------------------------------------------------------------------------------------
 
+    @property
+    def shares_process(self) -> bool:
+        """True while the current flow run's task runner runs jobs on its threads in this process (see the module
+        invariants); asked by the coordinator on the flow's thread, where it submits."""
+        from prefect.context import FlowRunContext
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        ctx = FlowRunContext.get()
+        return ctx is not None and isinstance(ctx.task_runner, ThreadPoolTaskRunner)
+
     def submit(self, job: NodeJob) -> Future[Any]:
         from prefect.context import FlowRunContext
         from prefect.task_runners import ThreadPoolTaskRunner
@@ -244,9 +260,8 @@ def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:
         _run_node,
         name="smthrs-node",
         task_run_name="{node} #{attempt}",
-        # The plan id is the one tag (so Prefect tag concurrency limits can cap a plan); note every tagged task run
-        # pays Prefect's slot acquire/release round trips.
-        tags=[f"plan:{plan_id}", *tags],
+        # No tag of our own: every tagged task run pays Prefect's slot acquire/release round trips (see above).
+        tags=list(tags),
         cache_policy=NO_CACHE,
         persist_result=False,
         retries=0,

@@ -75,7 +75,7 @@ def test_every_node_of_a_tree_plan_is_one_task_run_with_no_wait_for_edges_its_ev
         lambda rs: len(rs) == 15 and all(r["state"]["type"] == "COMPLETED" for r in rs),
     )
     assert sorted(r["name"] for r in runs) == [f"t{i:02d} #1" for i in range(15)]
-    assert all(r["tags"] == ["plan:tree"] for r in runs)
+    assert all(r["tags"] == [] for r in runs)
     # A node is submitted once its inputs settled: Prefect is given no upstream futures to wait for.
     assert all(not r["task_inputs"].get("wait_for") for r in runs)
     assert all(not any(v for v in r["task_inputs"].values()) for r in runs)
