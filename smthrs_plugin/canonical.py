@@ -22,8 +22,10 @@ encoder. Anything else takes ``rfc8785``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 from typing import Any
 
 import rfc8785
@@ -145,14 +147,20 @@ def key_digest(k: str) -> str:
     """Row key of attempt and cache rows: hex SHA-256 of the UTF-8 of a ``key1_`` key."""
     if not is_key(k):
         raise CanonicalError("not_canonicalizable", f"{k!r} is not a key1_ key")
+    return _key_digest(k)
+
+
+@functools.lru_cache(maxsize=8192)
+def _key_digest(k: str) -> str:
+    # A node's key is digested at its begin, its settlement and every read of its rows: remember the recent ones
+    # (a pure function of a validated string; the bound is on memory only).
     return sha256_hex(k.encode("utf-8"))
+
+
+#: ``key1_`` and 64 lowercase hex digits, nothing else (``\Z``: not even a trailing newline).
+_KEY_RE = re.compile(re.escape(KEY_PREFIX) + r"[0-9a-f]{64}\Z")
 
 
 def is_key(k: object) -> bool:
     """True for a well-formed ``key1_<64 lowercase hex>`` string."""
-    return (
-        type(k) is str
-        and len(k) == len(KEY_PREFIX) + 64
-        and k.startswith(KEY_PREFIX)
-        and all(c in "0123456789abcdef" for c in k[len(KEY_PREFIX) :])
-    )
+    return type(k) is str and _KEY_RE.match(k) is not None
