@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..stores._database import Database
+from ..stores._database import Database, DriverStatement
 from ..stores._schema import step_cache
 
 __all__ = [
@@ -168,11 +168,37 @@ def served(db: Database, name: str) -> ServedRow | None:
 # -- writing (in the caller's transaction) -----------------------------------------------------------------------
 
 
+# Every built node reads and inserts its row inside its settlement (the coordinator's commit): prepared once.
+_STORED = DriverStatement(
+    sa.select(_T.c.entry_json, _T.c.invalidated_at_ms).where(
+        _T.c.key_digest == sa.bindparam("b_row_key", type_=sa.Text)
+    )
+)
+_INSERT = DriverStatement(
+    sa.insert(_T).values(
+        key_digest=sa.bindparam("v_key_digest", type_=sa.Text),
+        **{
+            c: sa.bindparam(f"v_{c}", type_=_T.c[c].type)
+            for c in (
+                "key",
+                "entry_json",
+                "components_json",
+                "run_id",
+                "created_at_ms",
+                "last_used_at_ms",
+                "invalidated_at_ms",
+                "provenance_json",
+                "subject",
+                "scope",
+            )
+        },
+    )
+)
+
+
 def stored_in(conn: Connection, row_key: str) -> StoredRow | None:
     """The row at ``row_key`` whatever its scope or validity, or None."""
-    existing = conn.execute(
-        sa.select(_T.c.entry_json, _T.c.invalidated_at_ms).where(_T.c.key_digest == row_key)
-    ).first()
+    existing = _STORED.first(conn, {"b_row_key": row_key})
     if existing is None:
         return None
     inv = existing.invalidated_at_ms
@@ -181,7 +207,8 @@ def stored_in(conn: Connection, row_key: str) -> StoredRow | None:
 
 def insert_in(conn: Connection, row_key: str, row: NewRow, now_ms: int) -> None:
     """Insert a new row at ``row_key`` (the caller saw none there)."""
-    conn.execute(sa.insert(_T).values(key_digest=row_key, **_values(row, now_ms)))
+    values = {f"v_{k}": v for k, v in _values(row, now_ms).items()}
+    _INSERT.rowcount(conn, {"v_key_digest": row_key, **values})
 
 
 def replace_in(conn: Connection, row_key: str, row: NewRow, now_ms: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -136,6 +137,27 @@ class Job:
         return len(f.read_text().split()) if f.exists() else 0
 
 
+def _stop_outside_a_write(owner: subprocess.Popen[str], db_path: Path) -> None:
+    """SIGSTOP the owner at a moment it holds no SQLite write lock: stopped inside its heartbeat's transaction it
+    would hold the lock for as long as it stays stopped, and every other writer would wait out its busy timeout
+    (a test artefact, not what a retry meets when an owner is merely slow). Probed, never timed."""
+    for _ in range(1000):
+        os.kill(owner.pid, signal.SIGSTOP)
+        probe = sqlite3.connect(db_path, timeout=0.2, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        finally:
+            probe.close()
+        os.kill(owner.pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("the owner held the write lock at every one of 1,000 probes")
+
+
 def _kill_group(owner: subprocess.Popen[str]) -> None:
     os.killpg(owner.pid, signal.SIGKILL)
     owner.wait(timeout=DEADLINE_S)
@@ -217,7 +239,7 @@ def test_a_retry_while_the_owner_lives_exits_75_naming_it_with_no_wait_and_follo
     try:
         run_id = job.run_id(owner)
         job.until(owner, "the slow node", lambda: job.lines("migrate-started") == 1)
-        os.kill(owner.pid, signal.SIGSTOP)  # alive, but not heartbeating
+        _stop_outside_a_write(owner, tmp_path / "state.db")  # alive, but not heartbeating
         try:
             for _ in range(2):  # an identical retry answers the same
                 code, out, err = job.retry("--no-wait")
@@ -243,6 +265,8 @@ def test_a_retry_while_the_owner_lives_exits_75_naming_it_with_no_wait_and_follo
         assert job.lines("migrate-started") == 1 and job.lines("deploy") == 1  # nothing ran twice
         assert _steals(job.database(), run_id) == []
     finally:
+        # The slow node's shell runs in its own session (a killed owner's group does not include it): release it.
+        (job.marks / "release").touch()
         if owner.poll() is None:
             os.kill(owner.pid, signal.SIGCONT)
             _kill_group(owner)
