@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import re
+import sqlite3
 from functools import lru_cache
 from pathlib import Path
 
@@ -92,7 +93,9 @@ def ensure_schema(db: NamedDatabase, engine: Engine) -> None:
                     _upgrade(conn)
     except SmthrsError:
         raise
-    except sa_exc.SQLAlchemyError as exc:
+    except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+        # sqlite3.Error: raised unwrapped by the BEGIN IMMEDIATE our begin listener sends on the driver itself
+        # (e.g. "database is locked" when another process holds the write lock past the busy timeout).
         raise store_error(db, exc, "migrate") from exc
 
 

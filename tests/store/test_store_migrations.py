@@ -166,3 +166,25 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_typed_error(
         holder.close()
     assert db.write(lambda c: db.next_revision(c)) == 1  # the lock is free again
     db.close()
+
+
+def test_opening_a_database_whose_write_lock_another_process_holds_is_a_typed_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from smthrs_plugin.errors import StoreError
+    from smthrs_plugin.stores import _database
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    open_database(url).close()  # created and migrated; the next open checks the schema again
+    monkeypatch.setattr(_database, "SQLITE_BUSY_TIMEOUT_S", 0.2)  # the holder never lets go: fail fast
+    holder = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError) as caught:
+            open_database(url)
+        assert caught.value.code == "store_failed" and "write lock" in caught.value.message
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
