@@ -303,8 +303,10 @@ class CacheDispatcher:
         self, request: DispatchRequest, timer: PhaseTimer, seen: _Consulted
     ) -> tuple[CacheDecision, DispatchResult | None]:
         with timer("lookup"):
-            # The token first: a commit after it (another process invalidating the row, ...) changes it.
-            token = self.local.change_token()
+            # The token first: a commit after it (another process invalidating the row, ...) changes it. Not for a
+            # scheduler's node (``on_settled``): every settlement of its run commits, so a token taken now never
+            # matches at the next hit, and the probe (a GIL release per consult) would be pure cost.
+            token = self.local.change_token() if request.on_settled is None else None
             remembered = self._remembered(request, token)
             found = self.local.lookup(request.key) if remembered is None else remembered
         failure: CacheDecision | None = None
