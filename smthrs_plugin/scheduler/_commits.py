@@ -39,7 +39,7 @@ __all__ = ["CommitQueue"]
 
 T = TypeVar("T")
 Write = Callable[[Connection], Any]
-#: Set on the coordinator's thread while it runs queued settlements (:meth:`CommitQueue.serving`).
+#: Set on the thread running a settlement this queue routed (:meth:`CommitQueue.serving`).
 _SERVING = threading.local()
 
 
@@ -81,7 +81,14 @@ class CommitQueue:
         if item.state == "queued":
             item.event.wait()
         if item.state == "alone":
-            return self.db.write_batched(fn)
+            # After an abort: alone, on this thread (not grouped: a group's leader would run ``fn`` on its own
+            # thread), still marked as routed through this queue — the abort committed the coordinator's buffered
+            # writes first, so a pipelined attempt's row exists unless that commit failed (then this one fails).
+            _SERVING.on = True
+            try:
+                return self.db.write(fn)
+            finally:
+                _SERVING.on = False
         if item.error is not None:
             raise item.error
         return item.result  # type: ignore[no-any-return]
@@ -118,7 +125,9 @@ class CommitQueue:
 
     @staticmethod
     def serving() -> bool:
-        """Whether this thread is running a queued settlement inside the coordinator's transaction now."""
+        """Whether the settlement running on this thread now was routed through a commit queue (run in the
+        coordinator's transaction, or alone after it stopped serving): what a pipelined job checks, since only
+        that route orders its settlement after its attempt row."""
         return getattr(_SERVING, "on", False) is True
 
     @staticmethod

@@ -220,11 +220,10 @@ class Coordinator:
                 # commits nothing (another owner holds the run).
                 early: list[BaseException] = []
                 if not isinstance(exc, FenceLost):
+                    # A failure here is reported with the cleanup errors; the original error stays primary.
                     try:
                         self.s.flush()
-                    except (
-                        BaseException
-                    ) as err:  # reported with the cleanup errors; the original stays primary
+                    except BaseException as err:
                         early.append(err)
                 # Running jobs settle on their own threads from now on, so waiting for them cannot deadlock.
                 self.s.commits.close()

@@ -265,3 +265,43 @@ def test_a_queued_settlement_that_raises_without_savepoints_fails_the_whole_tran
         t.join(DEADLINE_S)
     assert journal.read("p") == []  # all or nothing: the coordinator then retries with savepoints
     assert all(isinstance(v, StoreError) for v in box.values())
+
+
+def test_a_pipelined_job_still_running_when_the_pass_parks_settles_its_attempt_afterwards(
+    tmp_path: Path,
+) -> None:
+    """A park (not a scheduler failure) stops admission while a pipelined job runs: the abort commits the buffered
+    begins first, so the job's later settlement, committed alone, completes its attempt row."""
+    from sched_support import make_env
+
+    from smthrs_plugin.engine._context import RunParked
+
+    env = make_env(tmp_path)
+    release = threading.Event()
+    nodes = [
+        sp.plan.node("slow", body="slow"),
+        sp.plan.node("quick", body="quick", priority=1),
+        sp.plan.node("gated", body="gated", inputs=[sp.plan.Pending("quick")], approval={"request": "ship"}),
+    ]
+    plan = sp.plan.compile_plan("gc-park", "gc", nodes)
+
+    def gate(node: Any) -> None:
+        release.set()  # the slow job may finish now, racing the abort either way
+        raise RunParked("r1", "approval", "ship", token="t")
+
+    def executor(ni: Any) -> Any:
+        if ni.id == "slow":
+            assert release.wait(DEADLINE_S), "the gate was never asked"
+        return {"node": ni.id}
+
+    with ThreadHost(4) as host:
+        try:
+            env.scheduler("r1", host=host, gate=gate).run(plan, executor)
+        except RunParked:
+            pass
+        else:
+            raise AssertionError("the gated node did not park the pass")
+    rows = {r["node_id"]: r["state"] for r in env.attempt_rows()}
+    assert rows == {"slow": "completed", "quick": "completed"}, rows
+    settled = {p["node_id"] for t, p in env.records(types=("attempt-finished",))}
+    assert settled == {"slow", "quick"}
