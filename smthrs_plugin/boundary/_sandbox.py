@@ -245,18 +245,7 @@ def _effect_free_evidence(mode: str) -> Evidence:
 
 
 def _return_root(root: EmptyRoot, *, quiet: bool) -> None:
-    try:
-        if quiet:
-            release(root)
-        else:
-            discard(root)
-    except OSError as exc:
-        if not quiet:
-            raise BoundaryError(
-                "unsupported_boundary", f"could not remove the sandbox {root.path}: {exc}", cause=exc
-            ) from exc
-        # Another exception is already propagating; it is the one the caller must see.
-        log.warning("could not remove the sandbox %s: %s", root.path, exc)
+    _removing(root.path, lambda: release(root) if quiet else discard(root), quiet=quiet)
 
 
 class _Box:
@@ -470,12 +459,17 @@ def _copy_back(ws: Path, prepared: Prepared, evidence: Evidence, sroot: Path, m:
 
 
 def _cleanup(parent: Path, *, quiet: bool) -> None:
+    _removing(parent, lambda: rmtree_force(parent), quiet=quiet)
+
+
+def _removing(path: Path, remove: Callable[[], object], *, quiet: bool) -> None:
+    """Run ``remove``; its ``OSError`` is a typed refusal, or (``quiet``: another exception is already
+    propagating, the one the caller must see) a warning."""
     try:
-        rmtree_force(parent)
+        remove()
     except OSError as exc:
         if not quiet:
             raise BoundaryError(
-                "unsupported_boundary", f"could not remove the sandbox {parent}: {exc}", cause=exc
+                "unsupported_boundary", f"could not remove the sandbox {path}: {exc}", cause=exc
             ) from exc
-        # Another exception is already propagating; it is the one the caller must see.
-        log.warning("could not remove the sandbox %s: %s", parent, exc)
+        log.warning("could not remove the sandbox %s: %s", path, exc)

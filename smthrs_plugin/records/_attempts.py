@@ -236,51 +236,20 @@ class AttemptStore:
     def complete(
         self, run_id: str, owner: OwnerId, key: str, attempt: int, *, result: Any = None, meta: Any = None
     ) -> AttemptCompleted:
-        """Settle a started attempt as completed with ``result`` (fenced)."""
-        result_json = json_text("result", result)
-        meta_json = json_text("meta", meta)
-        extra = {"result_json": result_json} | ({"meta_json": meta_json} if meta is not None else {})
-        self._settle(run_id, owner, key, attempt, "completed", extra)
-        return AttemptCompleted(run_id, _digest(key), attempt)
+        """Settle a started attempt as completed with ``result`` (fenced), in a transaction of its own (or a
+        savepoint of the caller's open write)."""
+        return self.db.write(
+            lambda conn: self.complete_in(conn, run_id, owner, key, attempt, result=result, meta=meta)
+        )
 
     def fail(
         self, run_id: str, owner: OwnerId, key: str, attempt: int, *, error: Any = None, meta: Any = None
     ) -> AttemptFailed:
-        """Settle a started attempt as failed with ``error`` (fenced)."""
-        error_json = json_text("error", error)
-        meta_json = json_text("meta", meta)
-        extra = {"error_json": error_json} | ({"meta_json": meta_json} if meta is not None else {})
-        self._settle(run_id, owner, key, attempt, "failed", extra)
-        return AttemptFailed(run_id, _digest(key), attempt)
-
-    def _settle(
-        self, run_id: str, owner: OwnerId, key: str, attempt: int, state: str, extra: dict[str, Any]
-    ) -> None:
-        digest = _digest(key)
-
-        def fn(conn: Connection) -> None:
-            assert_owner(conn, run_id, owner)
-            a = attempts.c
-            row = conn.execute(
-                sa.select(a.state).where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)
-            ).first()
-            if row is None:
-                raise StoreError(
-                    "not_found",
-                    f"attempt {attempt} of {key} in run {run_id!r} was never begun; call begin() first",
-                )
-            if row.state != "started":
-                raise StoreError(
-                    "invalid_argument",
-                    f"attempt {attempt} of {key} in run {run_id!r} is already {row.state}; begin a new attempt",
-                )
-            conn.execute(
-                sa.update(attempts)
-                .where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)
-                .values(state=state, finished_at_ms=self.clock.now_ms(), **extra)
-            )
-
-        self.db.write(fn)
+        """Settle a started attempt as failed with ``error`` (fenced), in a transaction of its own (or a savepoint
+        of the caller's open write)."""
+        return self.db.write(
+            lambda conn: self.fail_in(conn, run_id, owner, key, attempt, error=error, meta=meta)
+        )
 
     def fail_started_in(
         self, conn: Connection, run_id: str, owner: OwnerId, *, error: Any
