@@ -9,13 +9,35 @@ Invariants
   * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
     ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
     :class:`~smthrs_plugin.engine.drive._active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
-    waits use). A state hook appended to the flow concludes it when the flow run ends (``completed``,
-    ``failed``, ``cancelled``; a crash by interruption releases it); a process that exits first releases it
-    (atexit), so nothing waits for the 30 s lease. If that id is already settled or held, the flow run journals
-    into a fresh suffix and says so: steps are content-addressed, the run is only their journal.
+    waits use). A process that exits before the flow run ends releases it (atexit), so nothing waits for the 30 s
+    lease. If that id is already settled or held, the flow run journals into a fresh suffix and says so: steps are
+    content-addressed, the run is only their journal.
   * *driven* (a :class:`~smthrs_plugin.engine.drive._driver.RunDriver` drives a run of the flow: ``smthrs worker``,
     :func:`~smthrs_plugin.hosts._flows.durable_run`): the adapter in ``_flows.py`` calls the flow with the driver's
     run context; the flow run binds to THAT run, and the driver concludes it.
+- **Completed in smthrs before Completed in Prefect** (direct and deployment flow runs). Prefect sets a flow run's
+  final state first and runs its state hooks after, so a process dying in between (a killed runner, an OOM) would
+  leave Prefect showing Completed — and never running that flow run again — while the smthrs run stays
+  ``running`` until a lease lapses. So the run is concluded ``completed`` (durably, flushed hit records included)
+  when the flow run engine proposes ``Completed`` for the flow run, before the proposal is sent:
+  :func:`_conclude_before_prefect` wraps ``set_flow_run_state`` of the engine's own client
+  (``FlowRunContext.client``, the one object of the engine a flow body can reach). Not a wrapper around the flow
+  function: the engine reads ``flow.fn`` before the body's first smthrs call binds the run, so it would miss every
+  first call of a flow object — and every execution of a deployment's flow run, each in a fresh process. Hence
+  ``completed`` follows exactly what Prefect is about to show: a normal return (after Prefect persisted its
+  result — Prefect 3.9 only warns when it cannot, and still proposes Completed), or a body that returned a
+  ``Completed`` state; a body that returns a ``Failed`` state ends ``failed`` like a raise (the hook below). A
+  process dying after our commit and before Prefect hears leaves the flow run Running until Prefect declares it
+  Crashed, the smthrs run rightly ``completed`` (a deployment's re-execution finds it settled and ends Completed
+  without running the body). If Prefect then refuses the proposal (the flow run was cancelled meanwhile), the
+  smthrs run still says ``completed``: the body did finish. If the conclusion itself fails (database gone), the
+  error propagates — Prefect shows the flow run Failed with it — and the unconcluded run is taken over after its
+  lease by a driver, never settled ``failed`` for a body that finished.
+- **Failed, crashed and cancelled endings** are concluded by a state hook appended to the flow (``failed``,
+  ``cancelled``; a crash by interruption releases it), after Prefect set them: a death in between leaves the run
+  ``running`` until a driver takes it over after the lease, and a retry Prefect grants instead of Failed
+  (``AwaitingRetry``) keeps the same run. After a normal return the completion hook finds the run concluded (an
+  idempotent no-op); it still concludes a ``Completed`` that reached Prefect some other way.
 - **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
   ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.
   The first record's parameters are what a driver calls the flow with when it resumes the run; the later ones
@@ -41,6 +63,7 @@ only a driver that imports the flow.
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import sys
 import threading
@@ -247,6 +270,7 @@ def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]] | Settled:
             active = _claim(rt, flow_run_id, name)
         run = active.context
         run.on_park = partial(_park_direct, flow_run_id)
+        _conclude_before_prefect(getattr(frc, "client", None))
     _hook_flow(frc.flow)
     payload: dict[str, Any] = {"flow_run_id": flow_run_id, "flow": name, "parameters": params}
     if params_error is not None:
@@ -307,7 +331,8 @@ def _hook_flow(flow: Any) -> None:
 
 
 def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
-    """Prefect state hook: the flow run ended — conclude its smthrs run (a driven run is the driver's)."""
+    """Prefect state hook: the flow run ended — conclude its smthrs run (a driven run is the driver's; a normal
+    return was concluded before Prefect heard of it, :func:`_conclude_before_prefect`)."""
     with _FR_LOCK:
         fr = _FLOW_RUNS.pop(str(flow_run.id), None)
     if fr is None:
@@ -315,21 +340,84 @@ def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
     flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
     if fr.active is None:
         return
+    _conclude(fr, fr.active, state)
+
+
+def _conclude(fr: _FlowRun, active: ActiveRun, state: Any) -> None:
     summary = {"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)}
     data = getattr(state, "data", None)
     if state.is_completed():
-        fr.active.conclude(FlowCompleted(summary))
+        outcome = active.conclude(FlowCompleted(summary))
+        if isinstance(outcome, DriveLost):
+            # Another owner took the run while this process stalled past its lease: that owner continues it.
+            log.warning(
+                "flow run %s completed, but its smthrs run %s was taken over meanwhile (%s): the new owner "
+                "settles it",
+                fr.ctx.flow_run_id,
+                fr.ctx.run_id,
+                outcome.reason,
+            )
     elif isinstance(data, RunParked) and data.run_id != fr.ctx.run_id:
         # Another run parked inside this flow run (a plan run's timer node): that run is parked and resumable on
         # its own; this flow run ended without finishing its body, and no driver would know to resume it.
-        fr.active.conclude(
+        active.conclude(
             FlowFailed({**summary, "message": f"run {data.run_id!r} parked inside this flow run: {data}"})
         )
     elif state.is_crashed() and isinstance(data, BaseException) and not isinstance(data, Exception):
         # RunCancelled → cancelled; RunReleased, KeyboardInterrupt, SystemExit → released (never cancelled).
-        fr.active.conclude(error=data)
+        active.conclude(error=data)
     else:
-        fr.active.conclude(FlowFailed({**summary, "message": str(state.message or "")}))
+        active.conclude(FlowFailed({**summary, "message": str(state.message or "")}))
+
+
+def _conclude_before_prefect(client: Any) -> None:
+    """Make the flow run engine's ``client`` conclude a bound flow run's smthrs run ``completed`` right before it
+    asks Prefect to set that flow run ``Completed`` (see the module invariants). Installed once per client (the
+    engine's client may be shared by nested flow runs and later flow runs of a thread); every other call, state
+    and flow run passes through untouched. Called under ``_FR_LOCK``."""
+    if client is None or getattr(client, "_smthrs_concludes", False):
+        return
+    propose = client.set_flow_run_state
+    wrapper: Any
+    if inspect.iscoroutinefunction(propose):  # an async flow's engine holds the async client
+
+        async def set_flow_run_state_async(*args: Any, **kwargs: Any) -> Any:
+            _conclude_completed(*_proposal(args, kwargs))
+            return await propose(*args, **kwargs)
+
+        wrapper = set_flow_run_state_async
+    else:
+
+        def set_flow_run_state(*args: Any, **kwargs: Any) -> Any:
+            _conclude_completed(*_proposal(args, kwargs))
+            return propose(*args, **kwargs)
+
+        wrapper = set_flow_run_state
+    client.set_flow_run_state = wrapper
+    client._smthrs_concludes = True
+
+
+def _proposal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(flow_run_id, state)`` of a ``set_flow_run_state(flow_run_id, state, force=...)`` call."""
+    flow_run_id = args[0] if args else kwargs.get("flow_run_id")
+    state = args[1] if len(args) > 1 else kwargs.get("state")
+    return flow_run_id, state
+
+
+def _conclude_completed(flow_run_id: Any, state: Any) -> None:
+    """A ``Completed`` proposal for a bound direct or deployment flow run: conclude its smthrs run first. Taken out
+    of the bindings before concluding, so the completion hook (and a proposal Prefect repeats after a WAIT) finds
+    nothing left to do; an error propagates (see the module invariants)."""
+    is_completed = getattr(state, "is_completed", None)
+    if flow_run_id is None or is_completed is None or not is_completed():
+        return
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(str(flow_run_id))
+        if fr is None or fr.active is None:  # not ours, parked already, or a driver's (the driver concludes)
+            return
+        del _FLOW_RUNS[str(flow_run_id)]
+    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    _conclude(fr, fr.active, state)
 
 
 @atexit.register
