@@ -151,18 +151,14 @@ def run_in_sandbox(
         if not rehash_all:
             _wait_for_clock_tick(parent, pre)
         value = body(sroot)
-        states, present, changed, deleted = box.diff(pre, rehash_all=rehash_all)
-        classified = classify(declaration, present, changed, deleted)
-        refuse_hard(declaration, classified.deviations)
-        evidence = build_evidence(
+        evidence = _settle_tree(
+            box,
+            pre,
             prepared,
-            classified,
-            states,
-            sroot,
+            rehash_all=rehash_all,
+            hermetic=mode == "hermetic",
             artifacts=artifacts,
             limits=limits,
-            whole_tree_writes_verified=True,
-            hermetic_reads_verified=mode == "hermetic",
         )
         with metrics.observe_materialization():
             _copy_back(ws, prepared, evidence, sroot, m)
@@ -196,18 +192,8 @@ def _run_effect_free(
         else:
             # Exactly what the full sandbox concludes from a tree seeded with nothing.
             box = _Box(ws, root.path, entry_budget, 1)
-            states, present, changed, deleted = box.diff({}, rehash_all=True)
-            classified = classify(declaration, present, changed, deleted)
-            refuse_hard(declaration, classified.deviations)
-            evidence = build_evidence(
-                prepared,
-                classified,
-                states,
-                root.path,
-                artifacts=artifacts,
-                limits=limits,
-                whole_tree_writes_verified=True,
-                hermetic_reads_verified=True,
+            evidence = _settle_tree(
+                box, {}, prepared, rehash_all=True, hermetic=True, artifacts=artifacts, limits=limits
             )
         with metrics.observe_materialization():
             pass  # no outputs, no removals, an empty write scope: the copy-back has nothing to compare or copy
@@ -220,6 +206,33 @@ def _run_effect_free(
     else:
         _return_root(root, quiet=False)
     return result
+
+
+def _settle_tree(
+    box: _Box,
+    pre: dict[str, _Snap],
+    prepared: Prepared,
+    *,
+    rehash_all: bool,
+    hermetic: bool,
+    artifacts: ArtifactStore | None,
+    limits: InlineLimits,
+) -> Evidence:
+    """Diff the sandbox tree against its seeded manifest ``pre``, refuse hard-mode deviations, build the evidence."""
+    declaration = prepared.declaration
+    states, present, changed, deleted = box.diff(pre, rehash_all=rehash_all)
+    classified = classify(declaration, present, changed, deleted)
+    refuse_hard(declaration, classified.deviations)
+    return build_evidence(
+        prepared,
+        classified,
+        states,
+        box.sroot,
+        artifacts=artifacts,
+        limits=limits,
+        whole_tree_writes_verified=True,
+        hermetic_reads_verified=hermetic,
+    )
 
 
 _EFFECT_FREE: dict[str, Evidence] = {}

@@ -192,16 +192,18 @@ class AttemptStore:
     ) -> AttemptCompleted:
         """:meth:`complete` inside the caller's write transaction ``conn`` (fenced there), in one statement."""
         values = {"v_result": json_text("result", result), "v_error": None, "v_meta": json_text("meta", meta)}
-        self._settle_in(conn, run_id, owner, key, attempt, "completed", values)
-        return AttemptCompleted(run_id, _digest(key), attempt)
+        return AttemptCompleted(
+            run_id, self._settle_in(conn, run_id, owner, key, attempt, "completed", values), attempt
+        )
 
     def fail_in(
         self, conn: Connection, run_id: str, owner: OwnerId, key: str, attempt: int, *, error: Any, meta: Any
     ) -> AttemptFailed:
         """:meth:`fail` inside the caller's write transaction ``conn`` (fenced there), in one statement."""
         values = {"v_result": None, "v_error": json_text("error", error), "v_meta": json_text("meta", meta)}
-        self._settle_in(conn, run_id, owner, key, attempt, "failed", values)
-        return AttemptFailed(run_id, _digest(key), attempt)
+        return AttemptFailed(
+            run_id, self._settle_in(conn, run_id, owner, key, attempt, "failed", values), attempt
+        )
 
     def _settle_in(
         self,
@@ -212,13 +214,14 @@ class AttemptStore:
         attempt: int,
         state: str,
         values: dict[str, Any],
-    ) -> None:
+    ) -> str:
+        """Settle on ``conn``; returns the key digest (or refuses: never begun, already settled)."""
         digest = _digest(key)
         assert_owner(conn, run_id, owner)
         params = {"b_run_id": run_id, "b_digest": digest, "b_attempt": attempt, "v_state": state}
         params.update(values, v_now=self.clock.now_ms())
         if _SETTLE_STARTED.rowcount(conn, params) == 1:
-            return
+            return digest
         a = attempts.c
         found = conn.execute(
             sa.select(a.state).where(a.run_id == run_id, a.key_digest == digest, a.attempt == attempt)

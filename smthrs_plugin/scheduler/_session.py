@@ -214,10 +214,6 @@ class RunSession:
         for o in outcomes:
             cfg.metrics.node_settled(o)
 
-    def has_pending(self) -> bool:
-        """Whether buffered writes await :meth:`flush`."""
-        return bool(self._pending)
-
     def journal(self, type_: str, payload: dict[str, Any]) -> None:
         run_id = self.cfg.run_id
         self.write(lambda conn: self.cfg.journal.append_in(conn, run_id, type_, payload))

@@ -78,8 +78,6 @@ log = logging.getLogger(__name__)
 # Retry jitter draws from its own generator: the global `random` state belongs to the application (a seeded
 # simulation, a property test) and must not move because a background heartbeat retried a transaction.
 _JITTER = random.Random()
-#: Guards the lazy creation of a handle's group commit queue.
-_GROUP_LOCK = threading.Lock()
 
 #: How long a SQLite writer waits for the write lock before failing (the lock is held for milliseconds).
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -183,13 +181,7 @@ class Database:
         tx = h.tx()
         if tx.conn is not None:
             return _nested(tx, fn)
-        group = h.group
-        if group is None:
-            with _GROUP_LOCK:
-                group = h.group
-                if group is None:
-                    group = h.group = GroupCommit(lambda fns: self._write_group(h, fns), self.write)
-        return group.write(fn)
+        return h.group.write(fn)
 
     def _write_group(self, h: _Handle, fns: list[Callable[[Connection], Any]]) -> list[Any]:
         tx = h.tx()  # the leader's thread
@@ -611,8 +603,12 @@ class _Handle:
     idle: deque[tuple[Connection, float]] = field(default_factory=deque)
     pid: int = field(default_factory=os.getpid)
     disposed: bool = False
-    #: The group commit queue of :meth:`Database.write_batched` (made at its first use).
-    group: GroupCommit | None = None
+    #: The group commit queue of :meth:`Database.write_batched` (one per handle: per process and URL).
+    group: GroupCommit = field(init=False)
+
+    def __post_init__(self) -> None:
+        db = self.db_for_errors
+        self.group = GroupCommit(lambda fns: db._write_group(self, fns), db.write)
 
     def tx(self) -> _Tx:
         tx = getattr(self.local, "tx", None)

@@ -82,6 +82,42 @@ def _assert_settlements_atomic(db: Database, run_id: str) -> set[str]:
     return settled
 
 
+def _queue_settlements(
+    queue: CommitQueue, journal: Journal, n: int, refused: int
+) -> tuple[list[Any], dict[int, Any], list[threading.Thread]]:
+    """Start ``n`` jobs that each queue a settlement (job ``refused``'s raises a StoreError after its journal
+    record); return the queued items (once all are waiting on the coordinator), the box their outcomes land in, and
+    the job threads."""
+    outcomes: dict[int, Any] = {}
+
+    def job(i: int) -> None:
+        def settle(c: Connection) -> int:
+            journal.append_in(c, "p", "settled", {"i": i})
+            if i == refused:
+                raise StoreError("invalid_argument", f"attempt {i} is already failed; begin a new attempt")
+            return i
+
+        try:
+            outcomes[i] = queue.commit(settle)
+        except StoreError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while len(queue._queued) < n:  # every job is waiting on the coordinator
+        assert time.monotonic() < deadline, "the jobs never queued their settlements"
+        time.sleep(0.01)
+    return queue.take(), outcomes, threads
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), "a job never returned from its commit"
+
+
 def test_a_wide_plan_settles_every_node_with_its_attempt_row_and_records_in_order(tmp_path: Path) -> None:
     with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(8) as host:
         report = rt.scheduler("r1", concurrency={"steps": 8}, host=host).run(
@@ -95,32 +131,10 @@ def test_a_settlement_refused_inside_a_shared_commit_fails_only_its_own_job(tmp_
     db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     journal = Journal(db)
     queue = CommitQueue(db)  # made on this thread: this thread is the coordinator
-    outcomes: dict[int, Any] = {}
-
-    def job(i: int) -> None:
-        def settle(c: Connection) -> int:
-            journal.append_in(c, "p", "settled", {"i": i})
-            if i == 1:
-                raise StoreError("invalid_argument", "attempt 1 is already failed; begin a new attempt")
-            return i
-
-        try:
-            outcomes[i] = queue.commit(settle)
-        except StoreError as exc:
-            outcomes[i] = exc
-
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while len(queue._queued) < 3:  # the three jobs are waiting on the coordinator
-        assert time.monotonic() < deadline, "the jobs never queued their settlements"
-        time.sleep(0.01)
-    items = queue.take()
+    items, outcomes, threads = _queue_settlements(queue, journal, 3, refused=1)
     db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=True))
     CommitQueue.release(items)
-    for t in threads:
-        t.join(DEADLINE_S)
+    _join(threads)
     assert outcomes[0] == 0 and outcomes[2] == 2
     assert isinstance(outcomes[1], StoreError) and outcomes[1].code == "invalid_argument"
     assert sorted(e.payload["i"] for e in journal.read("p")) == [0, 2]  # the refused one left nothing
@@ -234,35 +248,14 @@ def test_a_queued_settlement_that_raises_without_savepoints_fails_the_whole_tran
     db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     journal = Journal(db)
     queue = CommitQueue(db)
-    box: dict[int, Any] = {}
-
-    def job(i: int) -> None:
-        def settle(c: Connection) -> None:
-            journal.append_in(c, "p", "settled", {"i": i})
-            if i == 1:
-                raise StoreError("invalid_argument", "refused")
-
-        try:
-            box[i] = queue.commit(settle)
-        except StoreError as exc:
-            box[i] = exc
-
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while len(queue._queued) < 2:
-        assert time.monotonic() < deadline, "the jobs never queued their settlements"
-        time.sleep(0.01)
-    items = queue.take()
+    items, box, threads = _queue_settlements(queue, journal, 2, refused=1)
     try:
         db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=False))
     except StoreError as exc:
         CommitQueue.release(items, exc)
     else:
         raise AssertionError("a refused settlement committed")
-    for t in threads:
-        t.join(DEADLINE_S)
+    _join(threads)
     assert journal.read("p") == []  # all or nothing: the coordinator then retries with savepoints
     assert all(isinstance(v, StoreError) for v in box.values())
 
