@@ -60,6 +60,7 @@ from . import _events
 from ._events import artifact_key
 from ._flowrun import pause_flow_run
 from ._prefect_env import startup_timeout_updates, translated_startup_timeout
+from ._taskstate import returned
 from ._worker import WorkerDispatcher
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -184,7 +185,7 @@ class PrefectHost:
             try:
                 fut.wait()
                 state = fut.state
-                data = _returned(state)
+                data = returned(state)
             except BaseException as exc:  # the bridge itself failed: the coordinator must hear it
                 out.set_exception(exc)
                 return
@@ -237,19 +238,6 @@ class PrefectHost:
 
     def __repr__(self) -> str:
         return f"PrefectHost(run_id={self.run_id!r})"
-
-
-def _returned(state: Any) -> Any:
-    """What a finished node task run returned. With ``persist_result=False`` the value stays in memory inside the
-    state's ``ResultRecord``: read it there, as ``State.result`` itself does, without that method's hop through
-    Prefect's event-loop thread (a measurable share of a no-op node). Any other shape (a result Prefect must
-    fetch, an exception state without data) takes ``State.result``'s full path."""
-    from prefect.results import ResultRecord
-
-    data = state.data
-    if isinstance(data, ResultRecord) and state.is_final():
-        return data.result
-    return state.result(raise_on_failure=False)
 
 
 def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:

@@ -16,7 +16,8 @@ from prefect.results import ResultStore
 from prefect.states import Completed, Failed, Pending
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts.prefect import PrefectHost, _returned, artifact_key
+from smthrs_plugin.hosts._taskstate import returned as _returned
+from smthrs_plugin.hosts.prefect import PrefectHost, artifact_key
 
 pytestmark = pytest.mark.prefect
 
