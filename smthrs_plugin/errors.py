@@ -60,6 +60,11 @@ class SmthrsError(Exception):
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A refusal raised in a task-runner worker (process pool, Dask) crosses back to the coordinator pickled;
+        # Exception's default reduce would call __init__(message) and lose the code.
+        return (_rebuild, (type(self), self.code, self.message, self.cause, self.details))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view used by ``--json`` CLI output and Prefect artifacts."""
         out: dict[str, Any] = {"family": self.family, "code": self.code, "message": self.message}
@@ -75,6 +80,12 @@ class SmthrsError(Exception):
 
 def _codes(*names: str) -> frozenset[str]:
     return frozenset(names)
+
+
+def _rebuild(
+    cls: type[SmthrsError], code: str, message: str, cause: BaseException | None, details: dict[str, Any]
+) -> SmthrsError:
+    return cls(code, message, cause=cause, **details)
 
 
 class CanonicalError(SmthrsError, ValueError):
@@ -144,6 +155,10 @@ class SchedulerError(SmthrsError):
     ) -> None:
         super().__init__(code, message, cause=cause, **details)
         self.cleanup_errors: tuple[BaseException, ...] = tuple(cleanup_errors)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        details = {**self.details, "cleanup_errors": self.cleanup_errors}
+        return (_rebuild, (type(self), self.code, self.message, self.cause, details))
 
 
 class StoreError(SmthrsError):
