@@ -59,6 +59,7 @@ from .errors import (
     CodecError,
     ControlError,
     PlanError,
+    RemoteError,
     SchedulerError,
     SettingsError,
     SmthrsError,
@@ -115,5 +116,5 @@ __all__ = [
     # errors a flow author catches (every family: smthrs_plugin.errors)
     "SmthrsError", "SettingsError", "CanonicalError", "CodecError", "PlanError", "SchedulerError", "StoreError",
     "ArtifactError", "BoundaryError", "BoundaryRefusal", "CacheError", "ControlError", "ApprovalDenied",
-    "WaitError",
+    "WaitError", "RemoteError",
 ]  # fmt: skip

@@ -35,6 +35,7 @@ __all__ = [
     "WaitError",
     "PluginError",
     "CodecError",
+    "RemoteError",
 ]
 
 
@@ -348,4 +349,23 @@ class CodecError(SmthrsError, ValueError):
     family = "codec"
     codes = _codes(
         "no_codec", "duplicate_codec", "undecodable", "reserved_key", "unsafe_codec", "invalid_value"
+    )
+
+
+class RemoteError(SmthrsError):
+    """Remote execution over the content-addressed store failed (``hosts/_remote.py``): ``store_not_shared`` (the
+    artifact store is not one the workers can reach), ``input_unavailable`` (a declared read's blob was missing or
+    corrupt in the store even after it was uploaded again), ``output_unavailable`` (a blob a worker reported is
+    missing or corrupt), ``invalid_delta`` (a worker reported a path outside its tree or an entry that is not a
+    file, directory or link), ``unsupported_tree`` (a sandbox tree holding something that cannot be shipped),
+    ``worker_failed`` (the task runner lost the body without an outcome)."""
+
+    family = "remote"
+    codes = _codes(
+        "store_not_shared",
+        "input_unavailable",
+        "output_unavailable",
+        "invalid_delta",
+        "unsupported_tree",
+        "worker_failed",
     )

@@ -34,6 +34,7 @@ __all__ = [
     "CacheSettings",
     "Settings",
     "SqliteSynchronous",
+    "Execution",
     "load_cache_settings",
     "load_settings",
     "sqlite_synchronous_setting",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: ``PRAGMA synchronous`` values smthrs accepts for SQLite (see :attr:`Settings.sqlite_synchronous`).
 SqliteSynchronous = Literal["full", "normal"]
+#: Where out-of-process bodies run (``Settings.execution``).
+Execution = Literal["auto", "shared", "remote"]
 
 
 #: Default size caps of the cache (issue 13): one output, and all outputs of one step together.
@@ -121,6 +124,12 @@ class Settings(CacheSettings):
     #: an OS crash / power loss may lose the last commits, so an irreversible node that ran may be run again.
     #: Opt in only where that re-execution is acceptable. See :func:`smthrs_plugin.stores._database.open_database`.
     sqlite_synchronous: SqliteSynchronous = "full"
+    #: Where node and step bodies run when the flow's task runner is not in this process (``hosts/_remote.py``):
+    #: ``auto`` decides from the runner (a process pool or a Dask runner that starts its own local cluster shares
+    #: this machine's filesystem; any other out-of-process runner is remote), ``shared`` trusts the workers to
+    #: see the workspace at the same path, ``remote`` ships the declared reads and the outputs through the
+    #: artifact store (the workers never open the workspace).
+    execution: Execution = "auto"
 
     @field_validator("artifacts_options", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ TOP_LEVEL = [
     "DriveUnregistered",
     "NodeInput",
     "PlanError",
+    "RemoteError",
     "RunContext",
     "RunParked",
     "Runtime",

@@ -88,6 +88,7 @@ from ..scheduler._job import error_line
 from ..scheduler._model import Settlement
 from . import _events
 from ._flowrun import context_for_call
+from ._remote import RemoteTarget, StepBody, coordinator_runner, execution_for
 from ._stepjournal import record_settled
 from ._steprun import StepContext, standalone_run
 from ._workspace import Workspace
@@ -290,13 +291,14 @@ def _run_step(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     on_loop: _BodyOnLoop | None = None,
+    remote: Any = None,
 ) -> Any:
     bound, values, canonical = spec.keyed_arguments(args, kwargs)  # typed refusal before any write
     if ctx is None:
         ctx = context_for_call()
     scope = standalone_run(f"step/{spec.identity}") if ctx is None else nullcontext(ctx)
     with scope as run_ctx:
-        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop, canonical)
+        return _dispatch(spec, run_ctx, as_state, bound, values, on_loop, canonical, remote)
 
 
 class _RequestMemo:
@@ -397,8 +399,12 @@ def _dispatch(
     values: dict[str, Any],
     on_loop: _BodyOnLoop | None,
     canonical: bytes,
+    remote: Any = None,
 ) -> Any:
     rt = ctx.spec.open()
+    # Remote execution (the flow's runner is out of process and the workspace not shared, ``_remote.py``): the
+    # seam runs here, the body on a worker. A store the workers cannot reach is refused before anything is written.
+    target = None if remote is None else RemoteTarget.of(remote, rt.artifacts, ctx.spec.execution)
     task_run_id, attempt = _task_run_ids()
     env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
     draft, request = _request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
@@ -406,6 +412,9 @@ def _dispatch(
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
     def execute(root: Path) -> Any:
+        if target is not None:
+            body = StepBody(spec.fn, spec.takes_workspace, tuple(bound.args), dict(bound.kwargs))
+            return target.run(f"{spec.name} · remote", body, root)
         with waits_forbidden(f"the body of @step {spec.identity!r}"):
             lead = (Workspace(root),) if spec.takes_workspace else ()
             out = spec.fn(*lead, *bound.args, **bound.kwargs)
@@ -520,13 +529,16 @@ def _tell(
 
 
 class _Call:
-    """The hidden argument: the run context plus whether a hit may be returned as a ``Cached`` state."""
+    """The hidden argument: the run context, whether a hit may be returned as a ``Cached`` state, and — for
+    remote execution — the flow's task runner the body is shipped to (never pickled: a remote call's own task
+    run stays in the coordinator's process)."""
 
-    __slots__ = ("ctx", "as_state")
+    __slots__ = ("ctx", "as_state", "remote")
 
-    def __init__(self, ctx: StepContext | None, as_state: bool) -> None:
+    def __init__(self, ctx: StepContext | None, as_state: bool, remote: Any = None) -> None:
         self.ctx = ctx
         self.as_state = as_state
+        self.remote = remote
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Call, (self.ctx, self.as_state))
@@ -590,7 +602,7 @@ async def _settle_in_thread(
         try:
             outcome: tuple[bool, Any] = (
                 True,
-                context.run(_run_step, spec, call.ctx, call.as_state, args, kwargs, on_loop),
+                context.run(_run_step, spec, call.ctx, call.as_state, args, kwargs, on_loop, call.remote),
             )
         except BaseException as exc:
             # Handed to the awaiting task as is: the step's own error, re-raised there, never swallowed.
@@ -612,6 +624,22 @@ async def _settle_in_thread(
         if not settled.cancelled():
             settled.exception()  # retrieved (journaled as the failure) so asyncio does not report it unretrieved
         raise
+
+
+def _placed_call() -> tuple[_Call, Any]:
+    """The hidden argument of a call made now, and the runner its task run must go to: ``None`` for the flow's
+    own runner; the coordinator-side runner under remote execution (``_remote.execution_for`` on the flow's
+    runner and the step settings' ``execution``)."""
+    ctx = context_for_call()
+    if ctx is None:
+        return _Call(None, True), None
+    from prefect.context import FlowRunContext
+
+    frc = FlowRunContext.get()
+    runner = None if frc is None else frc.task_runner
+    if execution_for(runner, ctx.spec.execution) != "remote":
+        return _Call(ctx, True), None
+    return _Call(ctx, True, remote=runner), coordinator_runner()
 
 
 def _value_of(out: Any) -> Any:
@@ -636,7 +664,7 @@ def _make_body(spec: _StepSpec) -> Callable[..., Any]:
         call = kwargs.pop(CONTEXT_PARAM, None)
         if call is None:
             call = _Call(None, False)
-        return _run_step(spec, call.ctx, call.as_state, args, kwargs)
+        return _run_step(spec, call.ctx, call.as_state, args, kwargs, remote=call.remote)
 
     async def async_body(*args: Any, **kwargs: Any) -> Any:
         call = kwargs.pop(CONTEXT_PARAM, None)
@@ -685,7 +713,8 @@ class Step(prefect.Task):  # type: ignore[type-arg]
         """Run the step as a task run and return its value (a coroutine of it for an async step). A hit's task
         run ends ``Cached``; Prefect then returns that state to a direct call, which is unwrapped here. A failure
         raises the step's own error (Prefect's ``result`` path re-raises it untouched)."""
-        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
+        call, _ = _placed_call()
+        kwargs[CONTEXT_PARAM] = call
         out = super().__call__(*args, return_state=return_state, wait_for=wait_for, **kwargs)
         if return_state:
             return out
@@ -694,8 +723,19 @@ class Step(prefect.Task):  # type: ignore[type-arg]
         return _value_of(out)
 
     def submit(self, *args: Any, return_state: bool = False, wait_for: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
-        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
-        return super().submit(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        """As ``Task.submit``. Under remote execution the call's task run runs on this process's coordinator-side
+        runner (its seam needs the workspace) and ships only the body to the flow's runner."""
+        call, local = _placed_call()
+        kwargs[CONTEXT_PARAM] = call
+        if local is None:
+            return super().submit(*args, return_state=return_state, wait_for=wait_for, **kwargs)
+        from prefect.utilities.callables import get_call_parameters
+
+        future = local.submit(self, get_call_parameters(self.fn, args, kwargs), wait_for)
+        if return_state:
+            future.wait()
+            return future.state
+        return future
 
     def map(
         self,
@@ -705,8 +745,22 @@ class Step(prefect.Task):  # type: ignore[type-arg]
         deferred: bool = False,
         **kwargs: Any,
     ) -> Any:  # type: ignore[override]
-        kwargs[CONTEXT_PARAM] = _Call(context_for_call(), True)
-        return super().map(*args, return_state=return_state, wait_for=wait_for, deferred=deferred, **kwargs)
+        call, local = _placed_call()
+        kwargs[CONTEXT_PARAM] = call
+        if local is None or deferred:
+            return super().map(
+                *args, return_state=return_state, wait_for=wait_for, deferred=deferred, **kwargs
+            )
+        from prefect.utilities.callables import get_call_parameters
+
+        futures = local.map(self, get_call_parameters(self.fn, args, kwargs, apply_defaults=False), wait_for)
+        if return_state:
+            states = []
+            for future in futures:
+                future.wait()
+                states.append(future.state)
+            return states
+        return futures
 
     def with_options(self, **options: Any) -> Step:  # type: ignore[override]
         """A copy with other Prefect options (``name=`` also renames the step node); caching options refused."""

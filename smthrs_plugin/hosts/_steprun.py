@@ -61,6 +61,9 @@ class RuntimeSpec:
     artifacts_options_json: str
     host_id: str
     artifacts_block: str | None = None
+    #: ``auto | shared | remote``: where bodies run when the flow's task runner is not in this process
+    #: (``_remote.execution_for``).
+    execution: str = "auto"
 
     @property
     def artifacts_options(self) -> dict[str, Any]:
@@ -102,10 +105,13 @@ def step_settings(
     artifacts_options: Mapping[str, Any] | None = None,
     host_id: str | None = None,
     artifacts_block: str | None = None,
+    execution: str | None = None,
 ) -> Iterator[RuntimeSpec]:
     """Within this block, steps called from this thread (and flows it runs) use these settings instead of the
     ``SMTHRS_*`` environment. Yields the resolved spec. Settings are fixed per flow run at its first step call.
-    ``artifacts_block`` names a saved Prefect block the artifact store is built from (as ``open_runtime``)."""
+    ``artifacts_block`` names a saved Prefect block the artifact store is built from (as ``open_runtime``);
+    ``execution`` (``auto | shared | remote``, default ``SMTHRS_EXECUTION``) says where step bodies run when the
+    flow's task runner is not in this process."""
     spec = _resolve(
         workspace=workspace,
         db=db,
@@ -113,6 +119,7 @@ def step_settings(
         artifacts_options=artifacts_options,
         host_id=host_id,
         artifacts_block=artifacts_block,
+        execution=execution,
     )
     token = _OVERRIDES.set(
         {
@@ -122,6 +129,7 @@ def step_settings(
             "artifacts_options": spec.artifacts_options,
             "host_id": spec.host_id,
             "artifacts_block": spec.artifacts_block,
+            "execution": spec.execution,
         }
     )
     try:
@@ -138,6 +146,7 @@ def _resolve(**kw: Any) -> RuntimeSpec:
         artifacts_options=dict(kw["artifacts_options"]) if kw.get("artifacts_options") is not None else None,
         host_id=kw.get("host_id"),
         artifacts_block=kw.get("artifacts_block"),
+        execution=kw.get("execution"),
     )
     block = s.effective_artifacts_block  # not loaded here: a step call must not ask Prefect every time
     return RuntimeSpec(
@@ -147,6 +156,7 @@ def _resolve(**kw: Any) -> RuntimeSpec:
         artifacts_options_json=json.dumps(s.artifacts_options, sort_keys=True),
         host_id=s.host_id,
         artifacts_block=block,
+        execution=s.execution,
     )
 
 
@@ -162,6 +172,7 @@ def current_spec() -> RuntimeSpec:
         artifacts_options=o["artifacts_options"],
         host_id=o["host_id"],
         artifacts_block=o["artifacts_block"],
+        execution=o["execution"],
     )
 
 

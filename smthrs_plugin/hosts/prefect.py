@@ -20,9 +20,14 @@ Invariants
   copy-back conflict the scheduler will rebase). The coordinator receives the :class:`JobOutcome` either way.
 - Submission happens on the coordinator thread, which is the flow's thread (``PlanScheduler.run`` is called from
   the flow body), so the task runner and the flow-run context are the flow's own.
-- Out-of-process runners (``ProcessPoolTaskRunner``, ``prefect_dask.DaskTaskRunner``) receive the job with a
-  picklable :class:`~._worker.WorkerDispatcher`: engines and filesystems open lazily in the worker, never pickled.
-  In-process runners receive the job as is. Either way the job's writes are fenced by the run's owner token.
+- Where a body runs is decided per submission from the flow's task runner and ``execution``
+  (:func:`._remote.execution_for`). In-process runners receive the job as is. ``shared`` (a process pool, a Dask
+  runner that starts its own ``LocalCluster``, or chosen): the runner receives the job with a picklable
+  :class:`~._worker.WorkerDispatcher` (engines and filesystems open lazily in the worker, never pickled) and the
+  worker runs the whole seam against the workspace path. ``remote`` (any other out-of-process runner, unless
+  ``shared`` is chosen): the node's task run runs on this process's coordinator-side runner with the seam and the
+  workspace, and only the body travels, through the artifact store (:mod:`._remote`); the host then
+  ``shares_process`` like an in-process one. Either way every write is fenced by the run's owner token.
 - Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``, and ``smthrs.cache.refused``
   when an existing entry was not served; catalogue: :mod:`._events`) on the flow's own context, and, when the pass
   ends, the Report — naming the smthrs run id and the commands that inspect it — is attached to the flow run as a
@@ -56,10 +61,12 @@ from ..scheduler._host import default_workers
 from ..scheduler._job import JobOutcome, NodeJob, error_line, is_conflict
 from ..scheduler._model import Report
 from ..scheduler._scheduler import Executor
+from ..scheduler._timer import is_timer
 from . import _events
 from ._events import artifact_key
 from ._flowrun import pause_flow_run
 from ._prefect_env import startup_timeout_updates, translated_startup_timeout
+from ._remote import RemoteExecutor, RemoteTarget, coordinator_runner, execution_for
 from ._taskstate import returned
 from ._worker import WorkerDispatcher
 
@@ -127,15 +134,25 @@ class PrefectHost:
     """Runs node jobs as Prefect task runs of the active flow run (see the module invariants).
 
     ``run_id`` names the smthrs run (for the report artifact); ``tags`` are added to every node task;
-    ``emit_events=False`` turns the per-node Prefect events off. ``durations_ms`` / ``task_runs`` hold, per node,
-    the last dispatch's submit-to-settle time and every task run id it had."""
+    ``emit_events=False`` turns the per-node Prefect events off; ``execution`` (``auto | shared | remote``)
+    says where bodies run when the flow's task runner is not in this process (:func:`._remote.execution_for`).
+    ``durations_ms`` / ``task_runs`` hold, per node, the last dispatch's submit-to-settle time and every task run
+    id it had."""
 
     def __init__(
-        self, run_id: str | None = None, *, tags: Iterable[str] = (), emit_events: bool = True
+        self,
+        run_id: str | None = None,
+        *,
+        tags: Iterable[str] = (),
+        emit_events: bool = True,
+        execution: str = "auto",
     ) -> None:
+        execution_for(None, execution)  # a bad choice is refused here, before any node runs
         self.run_id = run_id
         self.tags = tuple(tags)
         self.emit_events = emit_events
+        self.execution = execution
+        self._targets: dict[int, RemoteTarget] = {}
         self.durations_ms: dict[str, float] = {}
         self.task_runs: dict[str, list[str]] = {}
         self._tasks: dict[tuple[str, str], Task[Any, Any]] = {}
@@ -144,21 +161,24 @@ class PrefectHost:
         if run_id is not None:
             _HOSTS_BY_RUN[run_id] = self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A flow that closes over its host is pickled with it wherever Prefect ships the flow run's context (a
+        # Dask worker): the worker gets a fresh host with the same options; locks, task caches and targets stay.
+        return (_host, (self.run_id, self.tags, self.emit_events, self.execution))
+
     # -- Host protocol ---------------------------------------------------------------------------------------
 
     @property
     def shares_process(self) -> bool:
-        """True while the current flow run's task runner runs jobs on its threads in this process (see the module
-        invariants); asked by the coordinator on the flow's thread, where it submits."""
+        """True while jobs run in this process: an in-process runner's threads, or the coordinator-side runner of
+        remote execution (see the module invariants); asked by the coordinator on the flow's thread."""
         from prefect.context import FlowRunContext
-        from prefect.task_runners import ThreadPoolTaskRunner
 
         ctx = FlowRunContext.get()
-        return ctx is not None and isinstance(ctx.task_runner, ThreadPoolTaskRunner)
+        return ctx is not None and execution_for(ctx.task_runner, self.execution) != "shared"
 
     def submit(self, job: NodeJob) -> Future[Any]:
         from prefect.context import FlowRunContext
-        from prefect.task_runners import ThreadPoolTaskRunner
 
         if self._closed:
             raise RuntimeError("this PrefectHost is closed; create a new one")
@@ -169,13 +189,21 @@ class PrefectHost:
                 "PrefectHost.submit needs an active Prefect flow run on the submitting thread; call "
                 "rt.scheduler(...).run(plan) from inside a @flow, or use `smthrs run --prefect`",
             )
-        if not isinstance(ctx.task_runner, ThreadPoolTaskRunner):
+        runner = ctx.task_runner
+        mode = execution_for(runner, self.execution)
+        if mode == "shared":
             job = replace(job, dispatcher=WorkerDispatcher.of(job.dispatcher))
+        elif mode == "remote":
+            # The seam (and the workspace) stay here, on the coordinator-side runner; only the body is shipped —
+            # except a timer's, which is a durable clock of this run, not work.
+            if not is_timer(job.node):
+                job = replace(job, executor=RemoteExecutor(job.executor, self._target(runner, job)))
+            runner = coordinator_runner()
         spec = job.spec
         task = self._task(spec.node_id, spec.plan_id)
         out: Future[Any] = Future()
         started = time.perf_counter()
-        pf = task.submit(_JobBox(job), spec.node_id, spec.attempt)
+        pf = runner.submit(task, {"box": _JobBox(job), "node": spec.node_id, "attempt": spec.attempt})
         with self._lock:
             self.task_runs.setdefault(spec.node_id, []).append(str(pf.task_run_id))
         flow_ctx = contextvars.copy_context()
@@ -220,7 +248,23 @@ class PrefectHost:
         """The step cap a scheduler gets with this host when nobody chose one: the local host's thread count.
         Prefect's thread-pool runner is unbounded by default, and a hundred node settlements racing for one
         SQLite write lock cost far more than they overlap."""
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        runner = None if ctx is None else ctx.task_runner
+        if runner is not None and execution_for(runner, self.execution) == "remote":
+            # A remote body holds a coordinator thread while it runs elsewhere: cap by the cluster's threads.
+            return {"steps": max(default_workers(), _cluster_threads(runner))}
         return {"steps": default_workers()}
+
+    def _target(self, runner: Any, job: NodeJob) -> RemoteTarget:
+        with self._lock:
+            target = self._targets.get(id(runner))
+            if target is None or target.runner is not runner:
+                target = self._targets[id(runner)] = RemoteTarget.of(
+                    runner, job.dispatcher.artifacts, self.execution
+                )
+            return target
 
     def _task(self, node_id: str, plan_id: str) -> Task[Any, Any]:
         with self._lock:
@@ -238,6 +282,21 @@ class PrefectHost:
 
     def __repr__(self) -> str:
         return f"PrefectHost(run_id={self.run_id!r})"
+
+
+def _host(run_id: str | None, tags: tuple[str, ...], emit_events: bool, execution: str) -> PrefectHost:
+    return PrefectHost(run_id, tags=tags, emit_events=emit_events, execution=execution)
+
+
+def _cluster_threads(runner: Any) -> int:
+    """Worker threads of a Dask runner's cluster (0 when the runner says nothing about its cluster)."""
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        return 0
+    if not isinstance(runner, DaskTaskRunner) or runner._client is None:
+        return 0
+    return int(sum(runner._client.nthreads().values()))
 
 
 def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:

@@ -42,20 +42,23 @@ class PrefectHostProvider:
 
     name = "prefect"
 
+    def __init__(self, execution: str = "auto") -> None:
+        self.execution = execution
+
     def select(self, request: HostRequest) -> Any:
         from .prefect import PrefectHost, flow_run_active
 
         if not flow_run_active():
             return None
-        return PrefectHost(request.run_id)
+        return PrefectHost(request.run_id, execution=self.execution)
 
     def __repr__(self) -> str:
-        return "PrefectHostProvider()"
+        return f"PrefectHostProvider(execution={self.execution!r})"
 
 
 @hookimpl
 def smthrs_hosts(settings: Settings) -> PrefectHostProvider:
-    return PrefectHostProvider()
+    return PrefectHostProvider(settings.execution)
 
 
 @hookimpl

@@ -200,6 +200,12 @@ class ArtifactStore:
     def storage_options(self) -> dict[str, Any]:
         return dict(self._options)
 
+    @property
+    def kind(self) -> str:
+        """``"local"`` (this machine's disk), ``"memory"`` (this process) or ``"s3"`` (reachable from anywhere
+        with the storage options): what remote execution asks before shipping a tree through the store."""
+        return self._kind
+
     def __repr__(self) -> str:
         return f"ArtifactStore({self._url!r})"
 
