@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ArtifactError, BoundaryError, RemoteError
-from ..stores._artifacts import ArtifactStore
+from ..stores._artifacts import ArtifactStore, Corrupt, Intact
 from ._fsops import inside, normal_mode, remove_path
 from ._measure import DEFAULT_ENTRY_BUDGET, scan_tree, sha256_file
 
@@ -109,8 +109,8 @@ def _remember(store: ArtifactStore, digests: Iterable[str]) -> None:
 def upload(root: Path, manifest: Manifest, store: ArtifactStore, *, force: bool = False) -> int:
     """Make sure the blob of every file of ``manifest`` (read from ``root``) is in ``store``; returns how many were
     sent. Each file must still hash to its manifest digest (``digest_mismatch`` otherwise: it changed under us).
-    ``force`` replaces blobs even where the store has one under that name (a corrupt or vanished blob a worker
-    could not hydrate)."""
+    ``force`` reads every blob instead of trusting the process's memo or a name's existence, and replaces the
+    ones that are missing or corrupt (what a worker could not hydrate)."""
     by_digest: dict[str, str] = {}
     for rel, e in manifest.items():
         if e.kind == "file":
@@ -118,11 +118,15 @@ def upload(root: Path, manifest: Manifest, store: ArtifactStore, *, force: bool 
     if force:
         with _PRESENT_LOCK:
             _PRESENT.get(store.url, set()).difference_update(by_digest)
+        missing = []
         for d in by_digest:
-            store.delete_blob(
-                d
-            )  # a corrupt blob under its own name would otherwise be kept (first writer wins)
-        missing = list(by_digest)
+            # Read each blob: an intact one is left alone (another node's worker may be hydrating it right now);
+            # a corrupt one is removed first, or first-writer-wins would keep it under its name.
+            check = store.check_blob(d)
+            if isinstance(check, Corrupt):
+                store.delete_blob(d)
+            if not isinstance(check, Intact):
+                missing.append(d)
     else:
         with _PRESENT_LOCK:
             known = _PRESENT.get(store.url, set())
