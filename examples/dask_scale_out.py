@@ -1,11 +1,18 @@
-"""Scale out: the same plan on a Dask LocalCluster of process workers, with PostgreSQL for state and S3 for the
-cache. Run 1 builds every node in the workers; run 2 is all ``clean``.
+"""Scale out to workers that share only S3 (and, optionally, PostgreSQL) with the coordinator: the same plan on
+a Dask cluster of worker processes that CANNOT SEE THE WORKSPACE. Run 1 builds every node on the workers; run 2
+is all ``clean``; the outputs appear in the coordinator's workspace byte for byte.
 
-Each node dispatch is a Prefect task run executed by a Dask worker process; the worker opens its own database
-engine and S3 filesystem (nothing is pickled but URLs), and its writes are fenced by the run's owner token.
+This is the two-machine setup on one machine. The script starts a Dask scheduler and worker processes (not a
+``LocalCluster`` inside this process) and, when run as root, gives the workers their own mount namespace with an
+empty tmpfs over the workspace path (``--hide-workspace``, default on when possible). The flow's
+``DaskTaskRunner(address=...)`` is not in this process and the workspace is not known to be shared, so smthrs
+runs every node REMOTELY: the coordinator keys the node, uploads the declared reads to the artifact store (S3),
+a worker hydrates a private tree from S3 alone (verified by digest), runs the body and uploads what it changed;
+the coordinator copies the outputs back into the workspace and journals the settlement (its own database: no
+worker ever connects to it).
 
     python examples/dask_scale_out.py --db postgresql+psycopg://user@host/db [--endpoint URL] [--workers N]
-    python examples/dask_scale_out.py --sqlite          # explicit single-machine fallback (one SQLite file)
+    python examples/dask_scale_out.py --sqlite          # the coordinator's state in one SQLite file
 
 ``--db`` defaults to ``SMTHRS_DB_URL``. Without ``--endpoint`` the script starts moto's S3 server on 127.0.0.1.
 """
@@ -41,6 +48,16 @@ for _k, _v in {
 
 import smthrs_plugin as sp  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _hidden_cluster import can_hide, hidden_cluster  # noqa: E402
+
+
+def _sees_workspace() -> bool:
+    """Whether this process can see the workspace's inputs (the script tells its workers the path in the
+    environment, only to prove they cannot use it: no node is ever given it)."""
+    ws = os.environ.get("SMTHRS_EXAMPLE_WORKSPACE")
+    return bool(ws) and os.path.exists(os.path.join(ws, "in"))
+
 
 def render(ni: sp.NodeInput) -> dict:
     """A node body: some CPU work on its input part, in whatever worker process Dask chose."""
@@ -52,14 +69,14 @@ def render(ni: sp.NodeInput) -> dict:
     out = ni.root / body["dst"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"{body['src']} {digest.hex()}\n")
-    return {"pid": os.getpid(), "bytes": len(src)}
+    return {"pid": os.getpid(), "bytes": len(src), "sees_workspace": _sees_workspace()}
 
 
 def merge(ni: sp.NodeInput) -> dict:
     body = ni.node.draft.material.body
     parts = [(ni.root / p).read_text() for p in body["parts"]]
     (ni.root / "out/all.txt").write_text("".join(parts))
-    return {"pid": os.getpid(), "parts": len(parts)}
+    return {"pid": os.getpid(), "parts": len(parts), "sees_workspace": _sees_workspace()}
 
 
 def execute(ni: sp.NodeInput) -> dict:
@@ -84,42 +101,36 @@ def make_plan(parts: int, rounds: int) -> sp.plan.Plan:
 
 
 def run_twice(
-    ws: Path, db: str, artifacts: str, options: dict, workers: int, parts: int, rounds: int
+    ws: Path,
+    db: str,
+    artifacts: str,
+    options: dict,
+    workers: int,
+    parts: int,
+    rounds: int,
+    hide: bool,
 ) -> dict:
-    from distributed import LocalCluster
     from prefect import flow
     from prefect_dask import DaskTaskRunner
 
     from smthrs_plugin.hosts.prefect import quiet_flow_settings, share_prefect_api
 
-    share_prefect_api()  # Dask workers report their task runs to this process's Prefect server
-    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    api = share_prefect_api()  # the workers report their task runs to this process's Prefect server
     plan = make_plan(parts, rounds)
+    worker_env = {"PREFECT_API_URL": api, "SMTHRS_EXAMPLE_WORKSPACE": str(ws)}
+    runs = []
+    with hidden_cluster([ws], workers, hide=hide, env=worker_env) as address:
 
-    def flow_for(address: str):  # one flow object bound to the running cluster
         @flow(name="smthrs-dask-scale-out", task_runner=DaskTaskRunner(address=address), persist_result=False)
         def scale_out(run_id: str) -> dict:
             with sp.open_runtime(ws, db=db, artifacts=artifacts, artifacts_options=options) as rt:
-                report = rt.scheduler(run_id).run(plan, execute)  # Prefect host on the Dask task runner
+                report = rt.scheduler(run_id).run(plan, execute)  # remote: the runner is not in this process
             return {"outcomes": report.outcomes, "results": dict(report.results)}
 
-        return scale_out
-
-    runs = []
-    # One cluster for both flow runs: its worker processes start once and inherit PREFECT_API_URL.
-    with LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        silence_logs=logging.ERROR,
-    ) as cluster:
-        scale_out = flow_for(cluster.scheduler_address)
         with quiet_flow_settings():
             for _ in range(2):
                 runs.append(scale_out(f"scale-out-{uuid.uuid4().hex[:8]}"))
-    return {"flow_pid": os.getpid(), "runs": runs}
+    return {"flow_pid": os.getpid(), "runs": runs, "workspace_hidden": hide}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--parts", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=200_000)
+    ap.add_argument(
+        "--hide-workspace",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="give the workers an empty tmpfs over the workspace path (needs root; auto: when possible)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     ws = (args.workspace or Path(tempfile.mkdtemp(prefix="smthrs-dask-"))).resolve()
@@ -172,13 +189,24 @@ def main(argv: list[str] | None = None) -> int:
         (ws / "in").mkdir(parents=True, exist_ok=True)
         for i in range(args.parts):
             (ws / f"in/part-{i}.txt").write_text(f"part {i}\n" * 1000)
-        out = run_twice(ws, db, f"s3://{bucket}/cache", options, args.workers, args.parts, args.rounds)
+        hide = can_hide() if args.hide_workspace == "auto" else args.hide_workspace == "yes"
+        if not hide:
+            print(
+                "dask_scale_out: the workers can see this machine's filesystem (run as root to hide the workspace"
+                " from them); they are still never given the workspace path",
+                file=sys.stderr,
+            )
+        out = run_twice(
+            ws, db, f"s3://{bucket}/cache", options, args.workers, args.parts, args.rounds, hide
+        )
     finally:
         if moto is not None:
             moto.stop()
     first, second = out["runs"]
     worker_pids = sorted({v["pid"] for v in first["results"].values()})
     ok = (
+        not any(r.get("sees_workspace") for r in first["results"].values()) or not out["workspace_hidden"]
+    ) and (
         all(o == "built" for o in first["outcomes"].values())
         and all(o == "clean" for o in second["outcomes"].values())
         and out["flow_pid"] not in worker_pids
@@ -192,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{node_id:<10} run 1 {o:<6} (pid {first['results'][node_id]['pid']})  run 2 {second['outcomes'][node_id]}"
             )
-        print(f"flow process {out['flow_pid']}, node bodies ran in worker processes {worker_pids}; ok={ok}")
+        hidden = "could not see" if out["workspace_hidden"] else "could see (not hidden)"
+        print(
+            f"flow process {out['flow_pid']}, node bodies ran in worker processes {worker_pids}, which {hidden} "
+            f"the workspace; outputs in {ws / 'out'}; ok={ok}"
+        )
     return 0 if ok else 1
 
 

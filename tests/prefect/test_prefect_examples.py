@@ -65,7 +65,7 @@ def test_shared_s3_cache_a_second_process_with_a_fresh_workspace_gets_verified_s
     assert (b / ".smthrs/state.db").exists() and (a / ".smthrs/state.db").exists()  # two separate databases
 
 
-def test_dask_scale_out_runs_the_plan_in_dask_worker_processes_then_all_clean(
+def test_dask_scale_out_runs_the_plan_on_workers_that_cannot_see_the_workspace_then_all_clean(
     tmp_path: Path, s3_endpoint: str, s3_bucket: str, request: pytest.FixtureRequest
 ) -> None:
     args = [str(EXAMPLES / "dask_scale_out.py"), "--endpoint", s3_endpoint, "--bucket", s3_bucket]
@@ -94,6 +94,10 @@ def test_dask_scale_out_runs_the_plan_in_dask_worker_processes_then_all_clean(
     assert set(second["outcomes"].values()) == {"clean"}
     assert out["flow_pid"] not in out["worker_pids"] and len(out["worker_pids"]) >= 1
     assert ("postgresql" in args[-1]) == (POSTGRES_URL is not None)
+    # Run as root (as CI is), the workers get an empty tmpfs over the workspace: the outputs still arrive.
+    assert out["workspace_hidden"] == (os.geteuid() == 0)
+    assert not any(r["sees_workspace"] for r in first["results"].values()) or not out["workspace_hidden"]
+    assert (tmp_path / "ws/out/all.txt").read_text().count("in/part-") == 4
 
 
 def test_dask_scale_out_refuses_to_guess_a_database() -> None:
