@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..errors import ArtifactError, BoundaryError, RemoteError
 from ..stores._artifacts import ArtifactStore, Corrupt, Intact
@@ -42,6 +42,7 @@ from ._measure import DEFAULT_ENTRY_BUDGET, scan_tree, sha256_file
 
 __all__ = ["Entry", "Manifest", "Delta", "manifest_of", "upload", "hydrate", "delta_of", "apply_delta"]
 
+_T = TypeVar("_T")
 #: Parallel blob transfers per tree (S3 round trips dominate a small tree).
 _TRANSFERS = 8
 
@@ -151,25 +152,9 @@ def hydrate(manifest: Manifest, store: ArtifactStore, dest: Path) -> None:
     for rel, _ in files:
         os.makedirs(os.path.dirname(os.path.join(dest_s, rel)), exist_ok=True)
 
-    def fetch(item: tuple[str, Entry]) -> None:
-        rel, e = item
-        path = os.path.join(dest_s, rel)
-        try:
-            store.get_to_file(e.digest, path)
-        except ArtifactError as exc:
-            if exc.code in ("not_found", "corrupt"):
-                raise RemoteError(
-                    "input_unavailable",
-                    f"declared read {rel!r} (blob {e.digest}) is {exc.code.replace('_', ' ')} in the artifact "
-                    f"store {store.url}",
-                    cause=exc,
-                    path=rel,
-                    digest=e.digest,
-                ) from exc
-            raise
-        os.chmod(path, e.mode)
-
-    _parallel(fetch, files)
+    _fetch(
+        store, [(rel, e, os.path.join(dest_s, rel)) for rel, e in files], "input_unavailable", "declared read"
+    )
     for rel, e in manifest.items():
         if e.kind == "link":
             path = os.path.join(dest_s, rel)
@@ -249,17 +234,31 @@ def apply_delta(
         if os.path.lexists(path) and (os.path.islink(path) or os.path.isdir(path)):
             remove_path(path)
 
-    def fetch(item: tuple[str, Entry]) -> None:
-        rel, e = item
-        path = dest(rel)
+    _fetch(
+        store, [(rel, e, dest(rel)) for rel, e in files], "output_unavailable", "output a worker reported"
+    )
+    for rel, e in changed.items():
+        if e.kind == "link":
+            path = dest(rel)
+            if os.path.lexists(path):
+                remove_path(path)
+            os.symlink(e.target, path)
+
+
+def _fetch(store: ArtifactStore, items: list[tuple[str, Entry, str]], code: str, what: str) -> None:
+    """Stream each file's blob to its path (verified, then renamed into place) with its mode; a blob missing or
+    corrupt in the store is ``RemoteError(code)`` naming the path."""
+
+    def one(item: tuple[str, Entry, str]) -> None:
+        rel, e, path = item
         try:
             store.get_to_file(e.digest, path)
         except ArtifactError as exc:
             if exc.code in ("not_found", "corrupt"):
                 raise RemoteError(
-                    "output_unavailable",
-                    f"output {rel!r} a worker reported (blob {e.digest}) is {exc.code.replace('_', ' ')} in the "
-                    f"artifact store {store.url}; the node is failed, run it again",
+                    code,
+                    f"{what} {rel!r} (blob {e.digest}) is {exc.code.replace('_', ' ')} in the artifact store "
+                    f"{store.url}",
                     cause=exc,
                     path=rel,
                     digest=e.digest,
@@ -267,13 +266,7 @@ def apply_delta(
             raise
         os.chmod(path, e.mode)
 
-    _parallel(fetch, files)
-    for rel, e in changed.items():
-        if e.kind == "link":
-            path = dest(rel)
-            if os.path.lexists(path):
-                remove_path(path)
-            os.symlink(e.target, path)
+    _parallel(one, items)
 
 
 def _checked(manifest: Mapping[str, Entry]) -> Iterable[str]:
@@ -294,7 +287,7 @@ def _checked(manifest: Mapping[str, Entry]) -> Iterable[str]:
         yield rel
 
 
-def _parallel(fn: Callable[[tuple[str, Entry]], None], items: list[tuple[str, Entry]]) -> None:
+def _parallel(fn: Callable[[_T], None], items: list[_T]) -> None:
     if len(items) <= 1:
         for it in items:
             fn(it)

@@ -123,16 +123,17 @@ def expected_output(ws: Path, i: int) -> bytes:
     return hashlib.sha256(src).hexdigest().encode() + b"\n" + src.upper()
 
 
+def render_node(ws: Path, i: int, **extra: Any) -> Any:
+    return sp.plan.node(
+        f"render-{i}",
+        body={"src": f"in/part-{i}.txt", "dst": f"out/part-{i}.txt", "ws": str(ws), **extra},
+        reads=[f"in/part-{i}.txt"],
+        writes=[f"out/part-{i}.txt"],
+    )
+
+
 def fan_in_plan(ws: Path, n: int = 4, **extra: Any) -> sp.plan.Plan:
-    nodes = [
-        sp.plan.node(
-            f"render-{i}",
-            body={"src": f"in/part-{i}.txt", "dst": f"out/part-{i}.txt", "ws": str(ws), **extra},
-            reads=[f"in/part-{i}.txt"],
-            writes=[f"out/part-{i}.txt"],
-        )
-        for i in range(n)
-    ]
+    nodes = [render_node(ws, i, **extra) for i in range(n)]
     outs = [f"out/part-{i}.txt" for i in range(n)]
     nodes.append(
         sp.plan.node(
@@ -226,12 +227,7 @@ def test_a_timer_node_stays_on_the_coordinator_while_work_is_shipped(
         "tests/remote",
         [
             sp.plan.node("cool-down", wait={"seconds": 0}),
-            sp.plan.node(
-                "render-0",
-                body={"src": "in/part-0.txt", "dst": "out/part-0.txt", "ws": str(ws)},
-                reads=["in/part-0.txt"],
-                writes=["out/part-0.txt"],
-            ),
+            render_node(ws, 0),
         ],
     )
     report = run_on_cluster(cluster, ws, f"sqlite:///{tmp_path / 'state.db'}", s3_artifacts, plan)
@@ -276,18 +272,7 @@ def test_an_input_blob_lost_from_the_store_is_uploaded_again_once_and_the_node_b
     corrupt: bool,
 ) -> None:
     losing = _LosingStore(monkeypatch, times=1, corrupt=corrupt)
-    plan = sp.plan.compile_plan(
-        "lossy",
-        "tests/remote",
-        [
-            sp.plan.node(
-                "render-0",
-                body={"src": "in/part-0.txt", "dst": "out/part-0.txt", "ws": str(ws)},
-                reads=["in/part-0.txt"],
-                writes=["out/part-0.txt"],
-            )
-        ],
-    )
+    plan = sp.plan.compile_plan("lossy", "tests/remote", [render_node(ws, 0)])
     report = run_on_cluster(cluster, ws, f"sqlite:///{tmp_path / 'state.db'}", s3_artifacts, plan)
     assert report.outcomes == {"render-0": "built"}
     assert losing.calls == [False, True]  # the worker's refusal made the coordinator replace the blob, once
