@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import shutil
+import logging
 import tempfile
 import threading
 from collections.abc import Callable
@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..boundary._fsops import rmtree_force
 from ..boundary._transfer import Delta, Manifest, apply_delta, delta_of, hydrate, manifest_of, upload
 from ..engine._context import waits_forbidden
 from ..errors import RemoteError, SettingsError
@@ -76,6 +77,7 @@ __all__ = [
 #: workspace at the same path (``shared``), or on workers that see only the artifact store (``remote``).
 ExecutionMode = Literal["in-process", "shared", "remote"]
 _CHOICES = ("auto", "shared", "remote")
+log = logging.getLogger(__name__)
 #: Threads of the coordinator-side runner: each holds one remote body's seam while the body runs elsewhere, so
 #: this bounds how many bodies one process has in flight (plans are capped lower by their ``steps`` cap).
 _COORDINATOR_THREADS = 64
@@ -187,7 +189,12 @@ def _run_body(box: _Box, label: str) -> _Returned:
             value = s.call(root)
         return _Returned(value, delta_of(root, s.manifest, s.store))
     finally:
-        shutil.rmtree(parent, ignore_errors=True)  # a private temp tree: nothing in it is anyone's record
+        try:
+            rmtree_force(parent)
+        except (
+            OSError
+        ):  # a leftover temp tree is the worker's disk concern; the body's outcome is what matters
+            log.warning("could not remove the remote body's temporary tree %s", parent, exc_info=True)
 
 
 _TASK: dict[str, Task[Any, Any]] = {}
