@@ -234,9 +234,7 @@ def apply_delta(
         if os.path.lexists(path) and (os.path.islink(path) or os.path.isdir(path)):
             remove_path(path)
 
-    _fetch(
-        store, [(rel, e, dest(rel)) for rel, e in files], "output_unavailable", "output a worker reported"
-    )
+    _fetch(store, [(rel, e, dest(rel)) for rel, e in files], "output_unavailable", "output a worker reported")
     for rel, e in changed.items():
         if e.kind == "link":
             path = dest(rel)
