@@ -5,9 +5,12 @@ How a remote miss runs (Bazel's remote execution, on Prefect's task runners):
 1. The coordinator runs the cache dispatch seam as for an in-process job: key, lookup (a hit is served and
    replayed here, no worker involved), and on a miss the sandbox seeded with exactly the declared reads.
 2. The body, instead of running in that sandbox, is shipped: the sandbox tree's manifest is taken and every blob
-   the store lacks is uploaded (``boundary._transfer``); a body task run (``smthrs-body``, named
-   ``"<node> #<attempt> · remote"``) is submitted to the flow's task runner with the manifest, the store's URL
-   and the body (the executor or the step function, pickled by the runner).
+   the store lacks is uploaded (``boundary._transfer``); the body (the executor or the step function, with the
+   manifest and the store's URL) is submitted to the flow's task runner. On a ``DaskTaskRunner`` it is a plain
+   task of the runner's own cluster, pickled here by cloudpickle: the node's task run on the coordinator is the
+   one Prefect shows, and neither Prefect's context serialisation, Dask's argument tokenizing nor a second task
+   engine is paid per body (a body has no Prefect run context: log with ``logging``, not ``get_run_logger``).
+   On any other runner it is a ``smthrs-body`` task run named ``"<node> #<attempt> · remote"``.
 3. The worker hydrates an empty private tree from the store alone (every blob verified by digest), runs the body
    there, diffs the tree by content, uploads the changed files and returns the value with the delta.
 4. The coordinator applies the delta to its sandbox tree (every path checked, every blob verified), and the seam
@@ -46,6 +49,7 @@ import inspect
 import logging
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -178,7 +182,7 @@ class _Box:
 
 
 def _run_body(box: _Box, label: str) -> _Returned:
-    """The body of every remote body task run, on the worker (module-level: it pickles by reference)."""
+    """The body of every remote body, on the worker (module-level: it pickles by reference)."""
     s = box.shipment
     parent = Path(tempfile.mkdtemp(prefix="smthrs-remote-"))
     try:
@@ -195,6 +199,14 @@ def _run_body(box: _Box, label: str) -> _Returned:
             OSError
         ):  # a leftover temp tree is the worker's disk concern; the body's outcome is what matters
             log.warning("could not remove the remote body's temporary tree %s", parent, exc_info=True)
+
+
+def _run_pickled_body(blob: bytes, label: str) -> _Returned:
+    """:func:`_run_body` for a shipment pickled by the coordinator (the direct Dask path)."""
+    import cloudpickle
+
+    box: _Box = cloudpickle.loads(blob)
+    return _run_body(box, label)
 
 
 _TASK: dict[str, Task[Any, Any]] = {}
@@ -264,9 +276,21 @@ class RemoteTarget:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _submit(self, shipment: _Shipment, label: str) -> Any:
+        client = _dask_client(self.runner)
+        if client is not None:
+            return _on_dask(client, shipment, label)
         future = contextvars.copy_context().run(self._submit_outside_task, shipment, label)
         future.wait()
-        return returned(future.state)
+        state = future.state
+        if (
+            not state.is_final()
+        ):  # the runner gave up on the body (its workers died) before Prefect heard an end
+            return RemoteError(
+                "worker_failed",
+                f"the remote body {label!r} ended without an outcome (its task run is {state.type.value}); the "
+                "task runner lost it; run the node again",
+            )
+        return returned(state)
 
     def _submit_outside_task(self, shipment: _Shipment, label: str) -> Any:
         from prefect.context import TaskRunContext
@@ -276,6 +300,41 @@ class RemoteTarget:
         # In this private copy of the context there is no task run: the worker gets the flow run's context only.
         TaskRunContext.__var__.set(None)  # type: ignore[arg-type]
         return self.runner.submit(_body_task(), {"box": _Box(shipment), "label": label})
+
+
+def _dask_client(runner: Any) -> Any:
+    """The distributed client of a started ``prefect_dask.DaskTaskRunner`` (None for any other runner)."""
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        return None
+    return runner.client if isinstance(runner, DaskTaskRunner) else None  # connects on first use
+
+
+def _on_dask(client: Any, shipment: _Shipment, label: str) -> Any:
+    """Run the body as a plain task of the Dask runner's own cluster: no Prefect task run of its own (the node's
+    or step's task run on the coordinator is the one Prefect shows), so neither Prefect's context serialisation
+    nor Dask's argument tokenizing (``pure=False``) nor a second task engine is paid per body. Dask still
+    reschedules a body whose worker died. Returns the body's outcome or its exception."""
+    import cloudpickle
+    from distributed import KilledWorker
+
+    key = f"smthrs-body-{uuid.uuid4().hex}"
+    # Pickled here, by cloudpickle, as Prefect's runner pickles a task: a body or an executor defined in a script
+    # (or a module registered by value) travels by value. Dask would try plain pickle first, by reference, and
+    # its scheduler would then fail to import the user's module. Bytes also spare the scheduler unpickling it.
+    blob = cloudpickle.dumps(_Box(shipment))
+    future = client.submit(_run_pickled_body, blob, label, pure=False, key=key)
+    try:
+        return future.result()
+    except KilledWorker as exc:
+        return RemoteError(
+            "worker_failed",
+            f"the remote body {label!r} was lost with the workers Dask ran it on ({exc}); run the node again",
+            cause=exc,
+        )
+    except Exception as exc:  # the body's own failure (or a refusal of its tree): the caller decides
+        return exc
 
 
 @dataclass(frozen=True)

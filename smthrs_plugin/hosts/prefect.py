@@ -294,9 +294,9 @@ def _cluster_threads(runner: Any) -> int:
         from prefect_dask import DaskTaskRunner
     except ImportError:
         return 0
-    if not isinstance(runner, DaskTaskRunner) or runner._client is None:
+    if not isinstance(runner, DaskTaskRunner):
         return 0
-    return int(sum(runner._client.nthreads().values()))
+    return int(sum(runner.client.nthreads().values()))
 
 
 def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:

@@ -445,3 +445,21 @@ def test_run_fails_with_worker_failed_when_the_task_run_carries_no_outcome_of_th
     assert ei.value.code == "worker_failed"
     assert "n #1 · remote" in str(ei.value)
     assert (tree / "old.txt").exists()
+
+
+class LostRunner:
+    """The runner lost the body (its workers died, the runner gave up): the task run never reached a final state."""
+
+    def submit(self, task: Any, parameters: dict[str, Any]) -> _Future:
+        from prefect.states import Running
+
+        return _Future(Running())
+
+
+def test_run_fails_with_worker_failed_when_the_runner_lost_the_body_before_it_ended(
+    tree: Path, store: ArtifactStore
+) -> None:
+    with pytest.raises(RemoteError) as ei:
+        RemoteTarget.of(LostRunner(), store, "remote").run("n #1 · remote", _write_result, tree)
+    assert ei.value.code == "worker_failed" and "RUNNING" in ei.value.message
+    assert (tree / "old.txt").exists()

@@ -106,6 +106,10 @@ def render(ni: sp.NodeInput) -> dict[str, Any]:
         if not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+    if b.get("kind") == "die-always":
+        with open(b["marker"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
     if b.get("kind") == "skewed":
         far = b["mtime"]
         os.utime(ni.root / b["src"], (far, far))  # a worker whose clock is off touches a read: same bytes
@@ -199,6 +203,18 @@ def test_a_worker_killed_mid_body_is_rescheduled_and_the_node_settles_once(
     assert {s.node: s.attempts for s in report.settlements}["render-0"] == 1
     assert report.results["render-0"]["pid"] != int(marker.read_text())
     assert (ws / "out/part-0.txt").read_bytes() == expected_output(ws, 0)
+
+
+def test_a_body_that_kills_every_worker_it_lands_on_fails_the_node_typed_once_dask_gives_up(
+    cluster: str, ws: Path, tmp_path: Path, markers: Path, s3_artifacts: tuple[str, dict[str, str]]
+) -> None:
+    marker = markers / f"deaths-{uuid.uuid4().hex[:8]}"
+    plan = fan_in_plan(ws, n=1, kind="die-always", marker=str(marker))
+    report = run_on_cluster(cluster, ws, f"sqlite:///{tmp_path / 'state.db'}", s3_artifacts, plan)
+    assert report.outcomes == {"render-0": "failed", "merge": "skipped"}
+    assert "RemoteError[worker_failed]" in (report.settlements[0].error or "")
+    assert len(marker.read_text().split()) > 1  # Dask retried on fresh workers before it gave up
+    assert not (ws / "out").exists()
 
 
 def test_a_worker_whose_clock_is_off_changes_nothing_the_workspace_keeps_its_own_time(
