@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 __all__ = ["can_hide", "hidden_cluster"]
 
@@ -46,72 +45,62 @@ def hidden_cluster(
     if hide and not can_hide():
         raise RuntimeError("hiding the workspace from workers needs root and `unshare` (util-linux)")
     work = Path(tempfile.mkdtemp(prefix="smthrs-cluster-"))
-    sched_file = work / "scheduler.json"
-    procs: list[subprocess.Popen[bytes]] = []
     child_env = {**os.environ, **(env or {})}
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         with open(work / "scheduler.log", "wb") as slog, open(work / "workers.log", "wb") as wlog:
-            yield from _run(
-                work, sched_file, procs, child_env, (slog, wlog), hidden, workers, hide, threads, startup_s
-            )
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
+                        + ["--port", "0", "--no-dashboard", "--scheduler-file", str(work / "scheduler.json")],
+                        stdout=slog,
+                        stderr=subprocess.STDOUT,
+                        env=child_env,
+                        cwd=work,
+                    )
+                )
+                deadline = time.monotonic() + startup_s
+                address = _read_address(work / "scheduler.json", procs[0], deadline, work)
+                worker = [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    address,
+                    "--nworkers",
+                    str(workers),
+                ]
+                worker += [
+                    "--nthreads",
+                    str(threads),
+                    "--no-dashboard",
+                    "--local-directory",
+                    str(work / "workers"),
+                ]
+                if hide:
+                    mounts = " && ".join(
+                        f"mount -t tmpfs -o size=1m,mode=0555 none {shlex.quote(str(p))}" for p in hidden
+                    )
+                    inner = f"{mounts} && exec {shlex.join(worker)}"
+                    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
+                else:
+                    cmd = worker
+                procs.append(
+                    subprocess.Popen(cmd, stdout=wlog, stderr=subprocess.STDOUT, env=child_env, cwd=work)
+                )
+                _wait_for_workers(address, workers, procs[1], deadline, work)
+                yield address
+            finally:
+                for p in reversed(procs):
+                    p.terminate()
+                for p in reversed(procs):
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _run(
-    work: Path,
-    sched_file: Path,
-    procs: list[subprocess.Popen[bytes]],
-    child_env: dict[str, str],
-    logs: tuple[Any, Any],
-    hidden: Sequence[str | os.PathLike[str]],
-    workers: int,
-    hide: bool,
-    threads: int,
-    startup_s: float,
-) -> Iterator[str]:
-    try:
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
-                + ["--no-dashboard", "--scheduler-file", str(sched_file)],
-                stdout=logs[0],
-                stderr=subprocess.STDOUT,
-                env=child_env,
-                cwd=work,
-            )
-        )
-        deadline = time.monotonic() + startup_s
-        address = _read_address(sched_file, procs[0], deadline, work)
-        worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nworkers", str(workers)]
-        worker += ["--nthreads", str(threads), "--no-dashboard", "--local-directory", str(work / "workers")]
-        if hide:
-            mounts = " && ".join(
-                f"mount -t tmpfs -o size=1m,mode=0555 none {shlex.quote(str(p))}" for p in hidden
-            )
-            cmd = [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f"{mounts} && exec {shlex.join(worker)}",
-            ]
-        else:
-            cmd = worker
-        procs.append(subprocess.Popen(cmd, stdout=logs[1], stderr=subprocess.STDOUT, env=child_env, cwd=work))
-        _wait_for_workers(address, workers, procs[1], deadline, work)
-        yield address
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def _read_address(path: Path, proc: subprocess.Popen[bytes], deadline: float, work: Path) -> str:

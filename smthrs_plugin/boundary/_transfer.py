@@ -136,7 +136,8 @@ def upload(root: Path, manifest: Manifest, store: ArtifactStore, *, force: bool 
         _remember(store, [d for d, ok in present.items() if ok])
         missing = [d for d, ok in present.items() if not ok]
     if missing:
-        store.put_files([(os.path.join(root, by_digest[d]), d) for d in missing])
+        # Every digest here was just looked up (or read by check_blob) and not found intact: no second HEAD.
+        store.put_files([(os.path.join(root, by_digest[d]), d) for d in missing], absent=True)
         _remember(store, missing)
     return len(missing)
 
@@ -213,31 +214,32 @@ def apply_delta(
                 "invalid_delta", f"a worker reported {rel!r}, {exc}", cause=exc, path=rel
             ) from exc
 
-    # Every destination resolves inside the tree NOW, before the first removal: a refusal writes nothing. (The
-    # writes below check again: a directory this delta creates cannot be a link, and links come last.)
-    for rel in (*changed, *delta.removed):
-        dest(rel)
+    # Every destination resolves inside the tree NOW, before the first removal: a refusal writes nothing. They
+    # stay valid while the delta is applied: a directory it creates is a real one, and links come last.
+    dests = {rel: dest(rel) for rel in (*changed, *delta.removed)}
 
     # Deepest first, so a directory's children go before it.
     for rel in sorted(delta.removed, key=lambda r: -r.count("/")):
-        remove_path(dest(rel))
+        remove_path(dests[rel])
     for rel, e in sorted(changed.items(), key=lambda kv: kv[0].count("/")):
         if e.kind == "dir":
-            path = dest(rel)
+            path = dests[rel]
             if os.path.lexists(path) and not (os.path.isdir(path) and not os.path.islink(path)):
                 remove_path(path)
             os.makedirs(path, exist_ok=True)
     files = [(rel, e) for rel, e in changed.items() if e.kind == "file"]
     for rel, _ in files:
-        path = dest(rel)
+        path = dests[rel]
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.lexists(path) and (os.path.islink(path) or os.path.isdir(path)):
             remove_path(path)
 
-    _fetch(store, [(rel, e, dest(rel)) for rel, e in files], "output_unavailable", "output a worker reported")
+    _fetch(
+        store, [(rel, e, dests[rel]) for rel, e in files], "output_unavailable", "output a worker reported"
+    )
     for rel, e in changed.items():
         if e.kind == "link":
-            path = dest(rel)
+            path = dests[rel]
             if os.path.lexists(path):
                 remove_path(path)
             os.symlink(e.target, path)

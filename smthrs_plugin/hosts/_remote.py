@@ -47,13 +47,14 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import os
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..boundary._fsops import rmtree_force
 from ..boundary._transfer import Delta, Manifest, apply_delta, delta_of, hydrate, manifest_of, upload
@@ -61,6 +62,7 @@ from ..engine._context import waits_forbidden
 from ..errors import RemoteError, SettingsError
 from ..scheduler._cancel import NEVER_CANCELLED
 from ..scheduler._model import NodeInput
+from ..settings import Execution
 from ..stores._artifacts import ArtifactStore
 from ._taskstate import returned
 from ._workspace import Workspace
@@ -75,12 +77,13 @@ __all__ = [
     "RemoteExecutor",
     "StepBody",
     "coordinator_runner",
+    "dask_client",
 ]
 
 #: Where one flow run's bodies run: in this process (a thread-pool runner), in other processes that see the
 #: workspace at the same path (``shared``), or on workers that see only the artifact store (``remote``).
 ExecutionMode = Literal["in-process", "shared", "remote"]
-_CHOICES = ("auto", "shared", "remote")
+_CHOICES: tuple[str, ...] = get_args(Execution)
 log = logging.getLogger(__name__)
 #: Threads of the coordinator-side runner: each holds one remote body's seam while the body runs elsewhere, so
 #: this bounds how many bodies one process has in flight (plans are capped lower by their ``steps`` cap).
@@ -136,8 +139,6 @@ def coordinator_runner() -> Any:
     """This process's thread-pool task runner for the coordinator side of remote bodies (started once, never
     pickled): a remote node's or step's own task run runs here — the seam needs the workspace — and submits its
     body to the flow's runner."""
-    import os
-
     from prefect.task_runners import ThreadPoolTaskRunner
 
     with _LOCAL_LOCK:
@@ -182,8 +183,20 @@ class _Box:
 
 
 def _run_body(box: _Box, label: str) -> _Returned:
-    """The body of every remote body, on the worker (module-level: it pickles by reference)."""
-    s = box.shipment
+    """The function of every ``smthrs-body`` task run, on the worker (module-level: it pickles by reference)."""
+    return _run_shipment(box.shipment, label)
+
+
+def _run_pickled_body(blob: bytes, label: str) -> _Returned:
+    """The function of a body shipped as a plain Dask task: the shipment was cloudpickled by the coordinator."""
+    import cloudpickle
+
+    shipment: _Shipment = cloudpickle.loads(blob)
+    return _run_shipment(shipment, label)
+
+
+def _run_shipment(s: _Shipment, label: str) -> _Returned:
+    """Hydrate a private tree from the store, run the body there, return its value with its delta."""
     parent = Path(tempfile.mkdtemp(prefix="smthrs-remote-"))
     try:
         root = parent / "root"
@@ -199,14 +212,6 @@ def _run_body(box: _Box, label: str) -> _Returned:
             OSError
         ):  # a leftover temp tree is the worker's disk concern; the body's outcome is what matters
             log.warning("could not remove the remote body's temporary tree %s", parent, exc_info=True)
-
-
-def _run_pickled_body(blob: bytes, label: str) -> _Returned:
-    """:func:`_run_body` for a shipment pickled by the coordinator (the direct Dask path)."""
-    import cloudpickle
-
-    box: _Box = cloudpickle.loads(blob)
-    return _run_body(box, label)
 
 
 _TASK: dict[str, Task[Any, Any]] = {}
@@ -276,7 +281,7 @@ class RemoteTarget:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _submit(self, shipment: _Shipment, label: str) -> Any:
-        client = _dask_client(self.runner)
+        client = dask_client(self.runner)
         if client is not None:
             return _on_dask(client, shipment, label)
         future = contextvars.copy_context().run(self._submit_outside_task, shipment, label)
@@ -302,7 +307,7 @@ class RemoteTarget:
         return self.runner.submit(_body_task(), {"box": _Box(shipment), "label": label})
 
 
-def _dask_client(runner: Any) -> Any:
+def dask_client(runner: Any) -> Any:
     """The distributed client of a started ``prefect_dask.DaskTaskRunner`` (None for any other runner)."""
     try:
         from prefect_dask import DaskTaskRunner
@@ -323,7 +328,7 @@ def _on_dask(client: Any, shipment: _Shipment, label: str) -> Any:
     # Pickled here, by cloudpickle, as Prefect's runner pickles a task: a body or an executor defined in a script
     # (or a module registered by value) travels by value. Dask would try plain pickle first, by reference, and
     # its scheduler would then fail to import the user's module. Bytes also spare the scheduler unpickling it.
-    blob = cloudpickle.dumps(_Box(shipment))
+    blob = cloudpickle.dumps(shipment)
     future = client.submit(_run_pickled_body, blob, label, pure=False, key=key)
     try:
         return future.result()

@@ -66,7 +66,7 @@ from . import _events
 from ._events import artifact_key
 from ._flowrun import pause_flow_run
 from ._prefect_env import startup_timeout_updates, translated_startup_timeout
-from ._remote import RemoteExecutor, RemoteTarget, coordinator_runner, execution_for
+from ._remote import RemoteExecutor, RemoteTarget, coordinator_runner, dask_client, execution_for
 from ._taskstate import returned
 from ._worker import WorkerDispatcher
 
@@ -289,14 +289,9 @@ def _host(run_id: str | None, tags: tuple[str, ...], emit_events: bool, executio
 
 
 def _cluster_threads(runner: Any) -> int:
-    """Worker threads of a Dask runner's cluster (0 when the runner says nothing about its cluster)."""
-    try:
-        from prefect_dask import DaskTaskRunner
-    except ImportError:
-        return 0
-    if not isinstance(runner, DaskTaskRunner):
-        return 0
-    return int(sum(runner.client.nthreads().values()))
+    """Worker threads of a Dask runner's cluster (0 for a runner that is not one)."""
+    client = dask_client(runner)
+    return 0 if client is None else int(sum(client.nthreads().values()))
 
 
 def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:

@@ -304,9 +304,12 @@ class ArtifactStore:
         *,
         expected_digest: str | None = None,
         progress: ProgressFn | None = None,
+        absent: bool = False,
     ) -> str:
         """Store a local file, streaming (constant memory); returns its digest. ``progress(done, total)`` is
-        called as bytes move. A file that changes while being stored is refused (``digest_mismatch``)."""
+        called as bytes move. A file that changes while being stored is refused (``digest_mismatch``).
+        ``absent=True``: the caller just found no blob under this digest (``has_many``), so the existence round
+        trip before an upload is skipped; the create is still create-if-absent, never an overwrite."""
         if expected_digest is not None:
             _check_digest(expected_digest)
         be = self._be()
@@ -344,7 +347,7 @@ class ArtifactStore:
             if expected_digest is not None and first != expected_digest:
                 raise mismatch(first, expected_digest, "the file differs from what was measured")
             final = self.blob_path(first)
-            if be.exists(final):
+            if not absent and be.exists(final):
                 if progress is not None:
                     progress(total, total)
                 return first
@@ -470,9 +473,14 @@ class ArtifactStore:
         """Store several byte strings; digests in input order."""
         return self._map(self.put_bytes, list(blobs))
 
-    def put_files(self, files: Iterable[tuple[str | os.PathLike[str], str | None]]) -> list[str]:
-        """Store several local files ``(path, expected_digest or None)``; digests in input order."""
-        return self._map(lambda item: self.put_file(item[0], expected_digest=item[1]), list(files))
+    def put_files(
+        self, files: Iterable[tuple[str | os.PathLike[str], str | None]], *, absent: bool = False
+    ) -> list[str]:
+        """Store several local files ``(path, expected_digest or None)``; digests in input order. ``absent`` as
+        for :meth:`put_file`."""
+        return self._map(
+            lambda item: self.put_file(item[0], expected_digest=item[1], absent=absent), list(files)
+        )
 
     def get_many(self, digests: Iterable[str]) -> dict[str, bytes]:
         """``{digest: verified bytes}``; the first missing/corrupt blob (in input order) raises."""
