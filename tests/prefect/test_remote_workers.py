@@ -360,9 +360,8 @@ async def add(a: int, b: int) -> dict[str, Any]:
 
 
 def test_steps_map_submit_and_direct_calls_run_on_workers_that_cannot_see_the_workspace(
-    cluster: str, ws: Path, tmp_path: Path, s3_artifacts: tuple[str, dict[str, str]]
+    cluster: str, ws: Path, db_url: str, s3_artifacts: tuple[str, dict[str, str]]
 ) -> None:
-    from _prefect_support import step_outcomes
     from prefect import flow
     from prefect_dask import DaskTaskRunner
 
@@ -374,7 +373,7 @@ def test_steps_map_submit_and_direct_calls_run_on_workers_that_cannot_see_the_wo
         return {"mapped": mapped, "direct": direct, "summed": summed}
 
     def settings() -> Any:
-        return sp.step_settings(ws, artifacts=s3_artifacts[0], artifacts_options=s3_artifacts[1])
+        return sp.step_settings(ws, db=db_url, artifacts=s3_artifacts[0], artifacts_options=s3_artifacts[1])
 
     with settings():
         first = steps_flow()
@@ -386,4 +385,11 @@ def test_steps_map_submit_and_direct_calls_run_on_workers_that_cannot_see_the_wo
     with settings():
         second = steps_flow()
     assert second == first  # hits return the stored values (the pids of the first run's workers)
-    assert step_outcomes(ws) == ["built"] * 5 + ["clean"] * 5
+    with sp.open_runtime(ws, db=db_url) as rt:
+        outcomes = sorted(
+            e.payload["outcome"]
+            for r in rt.runs.list()
+            for e in rt.journal.read(r.run_id)
+            if e.type == "step-settled"
+        )
+    assert outcomes == ["built"] * 5 + ["clean"] * 5
