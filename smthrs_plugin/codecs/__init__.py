@@ -16,14 +16,27 @@ Invariants
 - A type with no codec is ``CodecError(no_codec)`` naming the type and the ``smthrs_value_codecs`` plugin hook.
 
 Built in: :func:`builtin_codecs` (pydantic ``BaseModel``, dataclasses, aware ``datetime``/``date``/aware ``time``,
-``Decimal``, ``UUID``, ``Enum``, ``tuple``, ``bytes``; numpy/pandas/pyarrow when importable). Plugins add theirs
-through the ``smthrs_value_codecs(settings)`` hook; the runtime builds the registry (``Runtime.codecs``).
+``Decimal``, ``UUID``, ``Enum``, ``tuple``, ``bytes``; numpy/pandas/pyarrow when importable), and:
+- ``set`` / ``frozenset``: members sorted by the canonical bytes of their key forms (hash-seed independent).
+- ``PurePosixPath`` / ``PureWindowsPath`` / ``PosixPath`` (``pathlib.Path``) / ``WindowsPath``: flavour, pure or
+  concrete, and the path text as given — never resolved, no file-system access.
+- numpy scalars (``np.int64``, ``np.float32``, ``np.bool_``, ``np.datetime64``, ``np.str_`` ...), when numpy is
+  installed: ``dtype.str`` and the exact value (every NaN of a dtype keys alike).
+- pandas object columns of lists/dicts (as Arrow list/struct columns, when they read back exactly) and
+  list/struct/map columns of pyarrow Tables and ``pd.ArrowDtype`` columns.
+Plugins add theirs through the ``smthrs_value_codecs(settings)`` hook; the runtime builds the registry
+(``Runtime.codecs``).
+
+:func:`path_arguments` lists the ``pathlib`` paths inside an argument (itself, or inside lists, tuples, dicts and
+sets), for a caller that must know whether a step was handed a path whose file it may read: a path's key is its
+text, never the file's content.
 """
 
 from __future__ import annotations
 
 from ._builtin import INLINE_LIMIT, builtin_codecs
 from ._imports import class_path, resolve_class
+from ._paths import path_arguments
 from ._registry import (
     HOOK_NAME,
     JSON,
@@ -47,6 +60,7 @@ __all__ = [
     "builtin_codecs",
     "class_path",
     "default_registry",
+    "path_arguments",
     "resolve_class",
     "type_name",
 ]

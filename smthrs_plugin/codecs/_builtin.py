@@ -1,5 +1,5 @@
 """The built-in value codecs: pydantic models, dataclasses, ``datetime``/``date``/``time``, ``Decimal``, ``UUID``,
-``Enum``, ``tuple`` and ``bytes``.
+``Enum``, ``tuple``, ``set``/``frozenset``, ``bytes`` and ``pathlib`` paths (:mod:`._paths`).
 
 Invariants
 - **Exact types.** Each codec handles its type exactly (``type(v) is datetime``, not a subclass such as pandas'
@@ -14,6 +14,10 @@ Invariants
   dataclass, an ``Enum``) before anything of it is called. A pydantic document also carries the SHA-256 of the
   class's canonical JSON schema: a class changed since the value was stored is refused (``undecodable``), so the
   step runs again rather than validating old data into a new shape. Nothing is ever pickled.
+- **Sets in canonical order.** A ``set``/``frozenset`` is keyed and stored as the list of its members sorted by
+  the RFC 8785 bytes of each member's key form, so equal sets key identically whatever their insertion order or
+  the process's hash seed. A member with no canonical key form (a float NaN, an integer past 2**53) is refused
+  (``invalid_value``); a stored set whose members decode unhashable or collide is refused (``undecodable``).
 - **Bytes by digest.** The key form of ``bytes`` is always ``{"sha256", "size"}``; the stored form carries the
   bytes inline (base64) up to :data:`INLINE_LIMIT`, else only the digest after ``sink.put`` (the dispatch seam's
   sink is the content-addressed artifact store, so the blob is published with the entry). Every read is verified
@@ -39,6 +43,7 @@ import pydantic
 from ..canonical import canonical_bytes
 from ..errors import CanonicalError, CodecError
 from ._imports import class_path, resolve_class
+from ._paths import PathCodec
 from ._registry import JSON, MARKER, BlobSink, BlobSource, CodecRegistry, type_name
 
 __all__ = ["INLINE_LIMIT", "builtin_codecs"]
@@ -450,6 +455,72 @@ class TupleCodec:
         return []
 
 
+class SetCodec:
+    """``set`` (exactly): its members sorted by the canonical bytes of their key forms, read back as a set."""
+
+    tag = "set"
+    kind: type[set[Any]] | type[frozenset[Any]] = set
+
+    def handles(self, value: Any) -> bool:
+        return type(value) is self.kind
+
+    def _ordered(self, value: Any, registry: CodecRegistry) -> list[tuple[bytes, JSON, Any]]:
+        # Iteration order follows the hash seed (str hashes differ per process): the canonical bytes of each
+        # member's key form give an order that does not.
+        out = []
+        for member in value:
+            form = registry.key_form(member)
+            try:
+                raw = canonical_bytes(form)
+            except CanonicalError as exc:
+                raise CodecError(
+                    "invalid_value",
+                    f"a {self.tag} member ({type_name(member)}) has no canonical key form: {exc.message}",
+                    cause=exc,
+                    type=type_name(member),
+                ) from exc
+            out.append((raw, form, member))
+        out.sort(key=lambda item: item[0])
+        return out
+
+    def key_form(self, value: Any, registry: CodecRegistry) -> JSON:
+        return [form for _, form, _ in self._ordered(value, registry)]
+
+    def encode(self, value: Any, registry: CodecRegistry, sink: BlobSink | None) -> JSON:
+        ordered = self._ordered(value, registry)
+        if len({raw for raw, _, _ in ordered}) != len(ordered):
+            raise CodecError(
+                "invalid_value",
+                f"two members of a {self.tag} have the same key form, so it would read back smaller; make its"
+                " members distinct values",
+            )
+        return [registry.encode(member, sink) for _, _, member in ordered]
+
+    def decode(self, doc: JSON, registry: CodecRegistry, source: BlobSource | None) -> Any:
+        if type(doc) is not list:
+            raise CodecError("undecodable", f"a stored {self.tag} must be a list, got {type_name(doc)}")
+        members = [registry.decode(m, source) for m in doc]
+        try:
+            out = self.kind(members)
+        except TypeError as exc:  # a member decoded to a list, dict or set: a forged or foreign document
+            raise CodecError(
+                "undecodable", f"a stored {self.tag} holds an unhashable member: {exc}", cause=exc
+            ) from exc
+        if len(out) != len(members):
+            raise CodecError("undecodable", f"a stored {self.tag} lists one member more than once")
+        return out
+
+    def blob_digests(self, doc: JSON) -> list[str]:
+        return []  # members are wrapped: the registry walks them
+
+
+class FrozensetCodec(SetCodec):
+    """``frozenset`` (exactly): as :class:`SetCodec`, read back as a frozenset."""
+
+    tag = "frozenset"
+    kind = frozenset
+
+
 def _digest_doc(doc: Any) -> tuple[str, int]:
     if type(doc) is not dict or not {"sha256", "size"} <= set(doc) <= {"sha256", "size", "b64"}:
         raise CodecError("undecodable", "a stored bytes value must be {sha256, size[, b64]}")
@@ -518,20 +589,25 @@ def _core_codecs() -> list[Any]:
         UUIDCodec(),
         EnumCodec(),
         TupleCodec(),
+        SetCodec(),
+        FrozensetCodec(),
         BytesCodec(),
+        PathCodec(),
     ]
 
 
 def builtin_codecs() -> list[Any]:
-    """Fresh instances of every built-in codec, plus the data-frame codecs whose libraries import."""
+    """Fresh instances of every built-in codec, plus the numpy-scalar and data-frame codecs whose libraries are
+    installed."""
     codecs = _core_codecs()
     try:
-        from ._frames import frame_codecs
+        from ._frames import frame_codecs, scalar_codecs
     except ModuleNotFoundError as exc:
         # Only the optional module itself being absent is tolerated (a partial checkout); any other import
         # failure inside it propagates.
         if exc.name != __name__.rsplit(".", 1)[0] + "._frames":
             raise
         return codecs
+    codecs.extend(scalar_codecs())
     codecs.extend(frame_codecs())
     return codecs

@@ -1,4 +1,4 @@
-"""Optional-extras codecs: numpy ``ndarray``, pyarrow ``Table``, pandas ``DataFrame`` / ``Series``.
+"""Optional-extras codecs: numpy ``ndarray`` and scalars, pyarrow ``Table``, pandas ``DataFrame`` / ``Series``.
 
 No library is imported to REGISTER these codecs: :func:`frame_codecs` returns a lazy codec per library that is
 installed (found on the path, not imported), and a library is imported only when a value of its own type is keyed
@@ -10,6 +10,13 @@ Stability rule — what is and is not part of a key (tested in ``tests/codecs/te
   values), the shape, and the C-order bytes. Memory layout is NOT part of the key: a Fortran-ordered array or a
   non-contiguous view keys like its C-contiguous copy. Object dtypes (and structured dtypes, whose fields
   ``dtype.str`` does not name) are refused with ``CodecError(invalid_value)``: they would need pickle.
+- **numpy scalars** (``np.int64``, ``np.float32``, ``np.bool_``, ``np.datetime64``, ``np.str_``, ...): the
+  ``dtype.str`` and the exact value as text — an integer in decimal, a float as ``float.hex`` (so ``-0.0`` and
+  ``0.0`` differ) with EVERY NaN of a dtype written ``"nan"`` (one key whatever its sign or payload), a complex as
+  two such floats, a datetime64/timedelta64 as its integer count in its unit or ``"NaT"``, ``np.bytes_`` as
+  base64. Decoded to the same numpy type (a value that would not is refused: ``np.longdouble``, whose padding
+  bytes are not part of its value, ``np.void``, and aliases such as ``np.longlong`` that ``dtype.str`` names as
+  another type); a stored document is accepted only if the value it decodes to writes exactly that document.
 - **pyarrow.Table**: one canonical Arrow IPC *stream* (no compression, metadata version V5) of the table after
   ``combine_chunks()``, written as at most one record batch. Part of the key: the schema (field names, types,
   nullability, order, and the schema/field metadata — a Table's metadata is part of its value), and the data
@@ -22,7 +29,14 @@ Stability rule — what is and is not part of a key (tested in ``tests/codecs/te
   ``flags`` (pandas' own ``equals`` ignores them too; they are not stored), and the versions of pandas/pyarrow that
   wrote the stream (the ``creator`` / ``pandas_version`` fields are stripped). A Series is stored as a one-column
   frame plus its ``name`` (``str``, ``int`` or ``None``). ``object`` columns (or index levels) must hold only
-  ``str`` (or missing values): anything else is refused (``invalid_value``) — never pickled.
+  ``str`` (or missing values), or — columns only — Python ``list``/``dict`` values (``None`` where missing): such
+  a column becomes the Arrow list/struct column pyarrow infers, accepted only if it reads back to exactly the same
+  Python values and types (every dict with the same keys; leaves ``str``, ``int``, ``float``, ``bool``, ``bytes``
+  or ``None``) and decoded back to those lists/dicts. Anything else — ints mixed with strings, NaN as a missing
+  list, ragged dicts, arbitrary objects — is refused (``invalid_value``): never pickled, never keyed by ``repr``.
+  A struct's field order is its first dict's key order, so equal frames whose dicts list keys in another order
+  key differently (a spurious miss, never a wrong hit). Columns of ``pd.ArrowDtype`` list/struct/map types keep
+  that dtype.
 
 Decoding never executes code: an ndarray is ``np.frombuffer`` of verified bytes; a Table is read from an Arrow IPC
 stream (a data format, no code) and fully validated; a DataFrame is that table's ``to_pandas()``. Large payloads
@@ -56,6 +70,7 @@ import binascii
 import hashlib
 import importlib.util
 import json
+import math
 import re
 import sys
 import threading
@@ -66,7 +81,7 @@ from ..errors import CodecError
 from ._identity import _IDENTITIES, carry, forget_identities
 from ._registry import JSON, BlobSink, BlobSource, CodecRegistry, ValueCodec, type_name
 
-__all__ = ["INLINE_LIMIT", "ARROW_FORMAT", "frame_codecs", "forget_identities"]
+__all__ = ["INLINE_LIMIT", "ARROW_FORMAT", "frame_codecs", "scalar_codecs", "forget_identities"]
 
 #: Payloads up to this many bytes are stored inline (base64) in the document; larger ones go to the sink.
 INLINE_LIMIT = 64 * 1024
@@ -76,6 +91,9 @@ ARROW_FORMAT = "arrow-ipc-stream/v1"
 _VERSION_FIELDS = ("creator", "pandas_version", "attributes")
 _SERIES_COLUMN = "__smthrs_series__"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# What a numpy scalar's stored dtype may look like: checked before np.dtype() parses it, so a forged document
+# can never reach numpy's richer dtype grammar (structured "i4,f8", object "O", ...).
+_SCALAR_DTYPE = re.compile(r"[<>|][biufcmMUS][0-9]{1,4}(\[[0-9]{0,4}[A-Za-z]{1,2}\])?")
 
 
 # --------------------------------------------------------------------------------------------------- payloads
@@ -245,6 +263,143 @@ class NumpyArrayCodec:
         return _blob_digests(doc)
 
 
+def _float_text(x: float) -> str:
+    # Exact and canonical: every NaN is one text (NaN keys like NaN), and float.hex keeps -0.0 apart from 0.0.
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x.hex()
+
+
+def _text_float(doc: Any) -> float:
+    if type(doc) is not str:
+        raise CodecError("undecodable", "a stored numpy float must be a string")
+    if doc in ("nan", "inf", "-inf"):
+        return float(doc)
+    return float.fromhex(doc)
+
+
+class NumpyScalarCodec:
+    """numpy scalars (``np.generic``): ``{"dtype": dtype.str, "value": exact text}`` (module docstring)."""
+
+    tag = "numpy.scalar"
+
+    def __init__(self, np: Any) -> None:
+        self._np = np
+
+    def handles(self, value: Any) -> bool:
+        return isinstance(value, self._np.generic)
+
+    @staticmethod
+    def _refuse(value: Any, why: str) -> CodecError:
+        return CodecError(
+            "invalid_value",
+            f"numpy scalar {type_name(value)} has no exact stored form: {why}",
+            type=type_name(value),
+        )
+
+    def _form(self, value: Any) -> JSON:
+        np = self._np
+        dt = value.dtype
+        named = np.dtype(dt.str).type
+        if named is not type(value):
+            raise self._refuse(
+                value, f"its dtype string {dt.str!r} names {type_name(named)}; convert it to that"
+            )
+        kind = dt.kind
+        text: JSON
+        if kind == "b":
+            text = bool(value)
+        elif kind in "iu":
+            text = str(int(value))
+        elif kind == "f" and dt.itemsize <= 8:
+            text = _float_text(float(value))
+        elif kind == "c" and dt.itemsize <= 16:
+            text = [_float_text(float(value.real)), _float_text(float(value.imag))]
+        elif kind in "Mm":
+            text = "NaT" if np.isnat(value) else str(int(value.view(np.int64)))
+        elif kind == "U":
+            text = str.__str__(value)  # np.str_.__str__ drops trailing NULs, which are part of the value
+        elif kind == "S":
+            text = base64.b64encode(bytes(value)).decode("ascii")
+        else:
+            raise self._refuse(value, f"dtype {dt.str!r} (long double, void or object) is not supported")
+        return {"dtype": dt.str, "value": text}
+
+    def key_form(self, value: Any, registry: CodecRegistry) -> JSON:
+        return self._form(value)
+
+    def encode(self, value: Any, registry: CodecRegistry, sink: BlobSink | None) -> JSON:
+        doc = self._form(value)
+        try:
+            rebuilt = self.decode(doc, registry, None)
+        except CodecError as exc:
+            raise self._refuse(value, f"it does not read back ({exc.message})") from exc
+        if type(rebuilt) is not type(value):
+            raise self._refuse(value, f"it reads back as {type_name(rebuilt)}")
+        return doc
+
+    def _build(self, dt: Any, text: Any) -> Any:
+        np = self._np
+        kind = dt.kind
+        if kind == "b":
+            if type(text) is not bool:
+                raise CodecError("undecodable", "a stored numpy bool must be true or false")
+            return dt.type(text)
+        if kind == "c":
+            if type(text) is not list or len(text) != 2:
+                raise CodecError("undecodable", "a stored numpy complex must be [real, imag]")
+            return dt.type(complex(_text_float(text[0]), _text_float(text[1])))
+        if kind == "f":
+            return dt.type(_text_float(text))
+        if type(text) is not str:
+            raise CodecError("undecodable", f"a stored numpy {dt.str} value must be a string")
+        if kind in "iu":
+            return dt.type(int(text))
+        if kind in "Mm":
+            count = int(np.iinfo(np.int64).min) if text == "NaT" else int(text)
+            return np.array(count, dtype=np.int64).view(dt)[()]
+        if kind == "U":
+            return dt.type(text)
+        if kind == "S":
+            return dt.type(base64.b64decode(text, validate=True))
+        raise CodecError("undecodable", f"a stored numpy scalar of dtype {dt.str!r} is not supported")
+
+    def decode(self, doc: JSON, registry: CodecRegistry, source: BlobSource | None) -> Any:
+        if not (
+            isinstance(doc, dict)
+            and set(doc) == {"dtype", "value"}
+            and isinstance(doc["dtype"], str)
+            and _SCALAR_DTYPE.fullmatch(doc["dtype"])
+        ):
+            raise CodecError("undecodable", "a stored numpy scalar must be {'dtype': dtype.str, 'value'}")
+        try:
+            dt = self._np.dtype(doc["dtype"])
+            value = self._build(dt, doc["value"])
+            form = self._form(value)
+        except CodecError as exc:
+            if exc.code == "undecodable":
+                raise
+            raise CodecError(
+                "undecodable", f"a stored numpy scalar is not supported: {exc.message}", cause=exc
+            ) from exc
+        except (TypeError, ValueError, OverflowError, binascii.Error) as exc:
+            raise CodecError(
+                "undecodable", f"a stored numpy {doc['dtype']} value is malformed: {exc}", cause=exc
+            ) from exc
+        # Only a canonical document is accepted: the value must write back exactly what was read (a float16 that
+        # would round, an out-of-range count, a byte order numpy normalises away are all refused).
+        if form != doc:
+            raise CodecError(
+                "undecodable", f"a stored numpy {doc['dtype']} value is not in its canonical form"
+            )
+        return value
+
+    def blob_digests(self, doc: JSON) -> list[str]:
+        return []
+
+
 # ----------------------------------------------------------------------------------------------- pyarrow
 
 
@@ -370,6 +525,34 @@ def _arrive(key: JSON, obj: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ pandas
 
 
+def _is_nested(pa: Any, typ: Any) -> bool:
+    t = pa.types
+    return bool(
+        t.is_list(typ)
+        or t.is_large_list(typ)
+        or t.is_fixed_size_list(typ)
+        or t.is_struct(typ)
+        or t.is_map(typ)
+    )
+
+
+_LEAVES = (str, int, float, bool, bytes, type(None))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same plain data, type for type (``1`` is not ``1.0``, ``[]`` is not ``()``)."""
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if t is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if t is float:
+        return (a != a and b != b) or (a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+    return t in _LEAVES and a == b
+
+
 class _Pandas:
     """DataFrame ↔ canonical stream, the object-column rule and the Copy-on-Write identity guard."""
 
@@ -377,16 +560,27 @@ class _Pandas:
         self.pd = pd
         self.arrow = arrow
 
-    def _check_objects(self, df: Any) -> None:
+    def _check_objects(self, df: Any) -> dict[int, Any]:
+        """Refuse object columns/index levels with no exact Arrow form; return {position: Arrow type} of the
+        object columns holding lists/dicts (see the module docstring)."""
         infer = self.pd.api.types.infer_dtype
-        for label, col in df.items():
-            if col.dtype == object and infer(col, skipna=True) not in ("string", "empty"):
+        nested: dict[int, Any] = {}
+        for position, (label, col) in enumerate(df.items()):
+            if col.dtype != object:
+                continue
+            held = infer(col, skipna=True)
+            if held in ("string", "empty"):
+                continue
+            typ = self._nested_type(col) if held == "mixed" else None
+            if typ is None:
                 raise CodecError(
                     "invalid_value",
-                    f"DataFrame column {label!r} has dtype object holding {infer(col, skipna=True)} values: only "
-                    "str (or missing) values have an exact stored form; convert the column (e.g. .astype(...)) — "
+                    f"DataFrame column {label!r} has dtype object holding {held} values: only str (or missing) "
+                    "values, or lists/dicts of plain data that Arrow stores exactly (same keys in every dict, "
+                    "None where missing), have an exact stored form; convert the column (e.g. .astype(...)) — "
                     "Python objects are never pickled",
                 )
+            nested[position] = typ
         for level in range(df.index.nlevels):
             values = df.index.get_level_values(level)
             if values.dtype == object and infer(values, skipna=True) not in ("string", "empty"):
@@ -395,11 +589,31 @@ class _Pandas:
                     f"DataFrame index level {level} has dtype object holding {infer(values, skipna=True)} values: "
                     "only str values have an exact stored form; convert the index first",
                 )
+        return nested
+
+    def _nested_type(self, col: Any) -> Any:
+        """The Arrow list/struct type of an object column of lists/dicts, or None when it has no exact one."""
+        pa = self.arrow.pa
+        values = list(col)
+        present = [v for v in values if v is not None]
+        if not present or any(type(v) not in (list, dict) for v in present):
+            return None
+        try:
+            arr = pa.array(values, from_pandas=True)  # the inference Table.from_pandas runs on this column
+            if not _is_nested(pa, arr.type):
+                return None
+            back = arr.to_pylist()
+            # Exactness is proved value by value: a weaker form (ints widened to floats, ragged dicts filled with
+            # None, NaN turned null, tuples turned lists) would key two different frames alike.
+            same = all(_same(a, b) for a, b in zip(values, back, strict=True))
+        except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError):
+            return None
+        return arr.type if same else None
 
     def table(self, df: Any) -> Any:
         """The Arrow table whose canonical stream is ``df``'s stored form (the module docstring's key rule)."""
         pa = self.arrow.pa
-        self._check_objects(df)
+        nested = self._check_objects(df)
         try:
             # preserve_index=None: a RangeIndex is recorded exactly (start/stop/step/name) in the pandas metadata,
             # any other index is stored as columns; either way the index is part of the key.
@@ -408,6 +622,14 @@ class _Pandas:
             raise CodecError(
                 "invalid_value", f"the DataFrame has no Arrow form (pyarrow refused it: {exc})", cause=exc
             ) from exc
+        for position, typ in nested.items():
+            # Data columns come first, in order: the type checked for exactness must be the one written.
+            if table.schema.field(position).type != typ:
+                raise CodecError(
+                    "invalid_value",
+                    f"DataFrame column {df.columns[position]!r} of lists/dicts was converted to "
+                    f"{table.schema.field(position).type}, not the {typ} checked to read back exactly",
+                )
         meta = dict(table.schema.metadata or {})
         if b"pandas" in meta:
             pandas_meta = json.loads(meta[b"pandas"])
@@ -420,13 +642,50 @@ class _Pandas:
         table = self.arrow.read(data, what)
         if b"pandas" not in (table.schema.metadata or {}):
             raise CodecError("undecodable", f"stored {what} carries no pandas schema metadata")
-        pa = self.arrow.pa
+        pa, pd = self.arrow.pa, self.pd
+
+        def nested_as_arrow(typ: Any) -> Any:
+            # pd.ArrowDtype columns of nested types are recorded as e.g. "list<item: int64>[pyarrow]", which
+            # pandas cannot parse back; object columns of lists/dicts are turned back into Python values below.
+            return pd.ArrowDtype(typ) if _is_nested(pa, typ) else None
+
         try:
-            return table.to_pandas()
+            df = table.to_pandas(types_mapper=nested_as_arrow)
+            self._restore_objects(table, df, what)
         except (pa.ArrowException, ValueError, TypeError, KeyError) as exc:
             raise CodecError(
                 "undecodable", f"stored {what} does not convert back to pandas: {exc}", cause=exc
             ) from exc
+        return df
+
+    def _restore_objects(self, table: Any, df: Any, what: str) -> None:
+        """Give the object columns that held lists/dicts their Python values back (not numpy arrays or ArrowDtype)."""
+        pa, np = self.arrow.pa, self._np()
+        meta = json.loads(table.schema.metadata[b"pandas"])
+        columns = meta.get("columns") if isinstance(meta, dict) else None
+        indexes = meta.get("index_columns") if isinstance(meta, dict) else None
+        if not isinstance(columns, list) or not isinstance(indexes, list):
+            raise CodecError("undecodable", f"stored {what} has malformed pandas schema metadata")
+        objects = {
+            c.get("field_name") for c in columns if isinstance(c, dict) and c.get("numpy_type") == "object"
+        }
+        data = [f for f in table.schema if f.name not in {i for i in indexes if isinstance(i, str)}]
+        wanted = [(pos, f) for pos, f in enumerate(data) if f.name in objects and _is_nested(pa, f.type)]
+        if not wanted:
+            return
+        if len(data) != df.shape[1]:
+            raise CodecError("undecodable", f"stored {what} has {len(data)} data columns for {df.shape[1]}")
+        for pos, field in wanted:
+            cells = np.empty(len(df), dtype=object)
+            for i, cell in enumerate(table.column(field.name).to_pylist()):
+                cells[i] = cell  # one by one: a slice assignment would broadcast the nested lists
+            df.isetitem(pos, cells)
+
+    @staticmethod
+    def _np() -> Any:
+        import numpy as np  # a dependency of pandas: already imported once a DataFrame is decoded
+
+        return np
 
     # -- identity guard (see the module docstring) --
 
@@ -637,6 +896,20 @@ class _Lazy:
 
 def _installed(*names: str) -> bool:
     return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+def scalar_codecs() -> list[ValueCodec]:
+    """The numpy-scalar codec when numpy is installed, lazily (kept apart from :func:`frame_codecs`, whose tags
+    are the array/frame containers)."""
+    if not _installed("numpy"):
+        return []
+
+    def numpy_scalar_codec() -> ValueCodec:
+        import numpy as np
+
+        return NumpyScalarCodec(np)
+
+    return [_Lazy(NumpyScalarCodec.tag, "numpy", numpy_scalar_codec)]
 
 
 def frame_codecs() -> list[ValueCodec]:

@@ -11,6 +11,9 @@ Invariants
   it, or is ``CodecError(no_codec)`` naming the type and the ``smthrs_value_codecs`` hook — never a weaker form.
 - **Later registrations are asked first** (plugins are registered after the built-ins), so a plugin's codec for a
   specific class wins over a generic built-in (the dataclass codec) for that class.
+- **Too deep is typed.** A value nested past :data:`MAX_DEPTH` plain levels, or so deep through codecs (tuples
+  of sets of tuples...) that the interpreter's stack runs out, is ``CodecError(invalid_value)`` when keyed or
+  stored and ``CodecError(undecodable)`` when decoded — never a raw ``RecursionError``.
 - **Decoding never runs code named by the document.** Only a registered codec's ``decode`` reads a typed document
   (an unknown tag is ``CodecError(undecodable)``); built-in codecs that resolve a class by its import path only
   look it up among modules already imported in this process (:mod:`._imports`).
@@ -76,6 +79,14 @@ class ValueCodec(Protocol):
     def blob_digests(self, doc: JSON) -> list[str]: ...
 
 
+def _too_deep(code: str, what: str, exc: RecursionError) -> CodecError:
+    # A codec re-enters the registry for its members (a tuple's items, a set's members), which starts a fresh
+    # depth count: the interpreter's stack is then the bound, and running out of it must still be a typed refusal.
+    return CodecError(
+        code, f"{what} nested too deeply to walk (or a cycle through a tuple or set)", cause=exc
+    )
+
+
 def type_name(value_or_type: Any) -> str:
     """``module.qualname`` of a value's type (or of a type), for messages."""
     t = value_or_type if isinstance(value_or_type, type) else type(value_or_type)
@@ -129,15 +140,24 @@ class CodecRegistry:
 
     def key_form(self, value: Any) -> JSON:
         """Plain JSON folded into keys (canonicalise it with ``canonical_bytes``)."""
-        return self._walk(value, 0, lambda c, v: c.key_form(v, self))
+        try:
+            return self._walk(value, 0, lambda c, v: c.key_form(v, self))
+        except RecursionError as exc:
+            raise _too_deep("invalid_value", "value", exc) from exc
 
     def encode(self, value: Any, sink: BlobSink | None = None) -> JSON:
         """Plain JSON stored for ``value``; payloads over a codec's inline limit go to ``sink``."""
-        return self._walk(value, 0, lambda c, v: c.encode(v, self, sink))
+        try:
+            return self._walk(value, 0, lambda c, v: c.encode(v, self, sink))
+        except RecursionError as exc:
+            raise _too_deep("invalid_value", "value", exc) from exc
 
     def decode(self, doc: JSON, source: BlobSource | None = None) -> Any:
         """The value :meth:`encode` stored as ``doc``; ``CodecError`` on anything unexpected."""
-        return self._decode(doc, source, 0)
+        try:
+            return self._decode(doc, source, 0)
+        except RecursionError as exc:
+            raise _too_deep("undecodable", "stored value", exc) from exc
 
     def blob_digests(self, doc: JSON) -> list[str]:
         """Every digest an encoded ``doc`` references (sorted, unique): what must be published with it."""

@@ -295,7 +295,7 @@ def test_a_structured_numpy_dtype_is_refused(reg: CodecRegistry) -> None:
 
 @pytest.mark.parametrize(
     "column",
-    [[{"a": 1}, {"a": 2}], [b"x", b"y"], [object(), object()], ["a", 1]],
+    [[{"a": 1}, {"b": 2}], [b"x", b"y"], [object(), object()], ["a", 1]],
     ids=["dict", "bytes", "obj", "mixed"],
 )
 def test_an_object_column_of_non_strings_is_refused(reg: CodecRegistry, column: list[Any]) -> None:
