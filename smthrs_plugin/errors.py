@@ -224,6 +224,9 @@ class BoundaryError(SmthrsError):
         "enumeration_budget",
         "changed_during_measurement",
         "materialization_conflict",
+        "isolation_unavailable",
+        "body_died",
+        "value_not_transferable",
     )
 
 
@@ -274,6 +277,9 @@ class CacheError(SmthrsError):
         # a step's output over the cache size caps; a publisher key that cannot be read or written
         "output_too_large",
         "invalid_key",
+        # a step returned a value no value codec stores exactly; a step's declared exact read does not exist
+        "value_uncacheable",
+        "missing_read",
     )
 
 

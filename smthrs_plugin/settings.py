@@ -35,6 +35,7 @@ __all__ = [
     "Settings",
     "SqliteSynchronous",
     "Execution",
+    "Isolation",
     "load_cache_settings",
     "load_settings",
     "sqlite_synchronous_setting",
@@ -44,6 +45,8 @@ __all__ = [
 SqliteSynchronous = Literal["full", "normal"]
 #: Where out-of-process bodies run (``Settings.execution``).
 Execution = Literal["auto", "shared", "remote"]
+#: How a building body is isolated from the live workspace (``Settings.isolation``).
+Isolation = Literal["auto", "namespace", "process", "thread"]
 
 
 #: Default size caps of the cache (issue 13): one output, and all outputs of one step together.
@@ -130,6 +133,13 @@ class Settings(CacheSettings):
     #: see the workspace at the same path, ``remote`` ships the declared reads and the outputs through the
     #: artifact store (the workers never open the workspace).
     execution: Execution = "auto"
+    #: How a building step or node body is kept from the live workspace (``boundary/_isolate.py``): ``namespace``
+    #: a forked child in a private mount namespace where the workspace path shows the sandbox; ``process`` a
+    #: forked child whose working directory is the sandbox, Python opens of workspace paths outside it refused;
+    #: ``thread`` in the calling thread with the same refusals; ``auto`` is ``namespace`` where the kernel allows
+    #: it, else ``process`` (said once in the log and on every build's journal record). A step's own
+    #: ``isolation=`` wins.
+    isolation: Isolation = "auto"
 
     @field_validator("artifacts_options", mode="before")
     @classmethod

@@ -24,11 +24,26 @@ from ._evidence import (
     diff_identity,
     referenced_digests,
 )
+from ._isolate import (
+    ISOLATIONS,
+    IsolatedCall,
+    Isolation,
+    IsolationKind,
+    UndeclaredPath,
+    command_preexec,
+    in_isolated_child,
+    isolation_ran,
+    namespace_available,
+    record_isolation,
+    resolve_isolation,
+    run_isolated,
+)
 from ._measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
 from ._replay import Replayed, replay_outputs
 from ._sandbox import SandboxMode, SandboxResult, run_in_sandbox
 
 __all__ = [
+    "ISOLATIONS",
     "ABSENT",
     "BoundaryMode",
     "Declaration",
@@ -37,6 +52,9 @@ __all__ = [
     "ExpectedSetDeviation",
     "FileState",
     "InlineLimits",
+    "Isolation",
+    "IsolationKind",
+    "IsolatedCall",
     "MeasureStats",
     "Measurer",
     "MissingDeclaredOutput",
@@ -50,12 +68,20 @@ __all__ = [
     "SandboxResult",
     "StatCache",
     "SurvivingDeclaredRemoval",
+    "UndeclaredPath",
     "check_read_set",
+    "command_preexec",
     "diff_identity",
+    "in_isolated_child",
+    "isolation_ran",
+    "namespace_available",
     "prepare",
+    "record_isolation",
     "referenced_digests",
     "replay_outputs",
+    "resolve_isolation",
     "run_in_sandbox",
+    "run_isolated",
     "settle",
     "sha256_file",
 ]
