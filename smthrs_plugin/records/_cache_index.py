@@ -42,6 +42,7 @@ __all__ = [
     "delete_in",
     "rows",
     "subjects_ending_with",
+    "subjects_named",
     "entry_json",
     "page",
     "invalidated_before_in",
@@ -270,6 +271,29 @@ def subjects_ending_with(db: Database, suffix: str) -> list[str]:
     q = (
         sa.select(_T.c.subject)
         .where(sa.or_(_T.c.subject == suffix, _T.c.subject.like("%/" + _escape_like(suffix), escape="\\")))
+        .distinct()
+    )
+    return sorted(s for s in db.read(lambda c: c.execute(q).scalars().all()) if s is not None)
+
+
+def subjects_named(db: Database, name: str) -> list[str]:
+    """Distinct subjects a bare ``name`` may mean: equal to it, ending with ``/<name>`` (a node id inside a plan
+    subject) or ``:<name>`` (a step's qualname after its module), or whose entries were built by node ``name``
+    (``provenance.node_id``: a step's node name)."""
+    escaped = _escape_like(name)
+    # provenance_json is written compact with sorted keys (_json): the member reads exactly `"node_id":"<name>"`,
+    # and a quote inside any JSON string is escaped, so the pattern cannot match inside another value.
+    node_member = _escape_like(f'"node_id":{json.dumps(name)}')
+    q = (
+        sa.select(_T.c.subject)
+        .where(
+            sa.or_(
+                _T.c.subject == name,
+                _T.c.subject.like("%/" + escaped, escape="\\"),
+                _T.c.subject.like("%:" + escaped, escape="\\"),
+                _T.c.provenance_json.like("%" + node_member + "%", escape="\\"),
+            )
+        )
         .distinct()
     )
     return sorted(s for s in db.read(lambda c: c.execute(q).scalars().all()) if s is not None)
