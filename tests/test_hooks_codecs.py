@@ -19,6 +19,14 @@ from smthrs_plugin.errors import CodecError
 from smthrs_plugin.hooks import hookimpl, new_plugins
 from smthrs_plugin.settings import load_settings
 
+
+@pytest.fixture(autouse=True)
+def _bodies_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count body calls in this process's memory, so bodies run in-thread; how a body is isolated
+    (a child process) is pinned by the isolation tests."""
+    monkeypatch.setenv("SMTHRS_ISOLATION", "thread")
+
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "third_party_plugin"
 
 

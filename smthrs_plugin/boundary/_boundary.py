@@ -153,8 +153,10 @@ def _removal_str(r: RemoveEntry) -> str:
 class Prepared:
     """A measured read snapshot plus the pre-images of the declared write/removal scopes.
 
-    ``read_set``: sorted ``(path, sha256 hex | "absent")`` of every file the reads name (globs expanded);
-    ``all_reads_exact``: every declared read was an exact path (a cache admission conjunct);
+    ``read_set``: sorted ``(path, sha256 hex | "absent")`` of every file the reads name (globs and trees
+    expanded: this list IS their expansion, which the key folds and a hit re-expands and compares);
+    ``all_reads_exact``: every declared read was an exact path (else the cache admits the result only by its
+    expansion, see ``cache._admission`` conjunct 3);
     ``pre_scope``: sorted ``(path, FileState)`` of the files under ``writes ∪ removes`` before the step.
     """
 
@@ -441,13 +443,27 @@ ReadSetCheck = Union[ReadSetMatches, ReadSetChanged]
 
 
 def check_read_set(
-    root: str | os.PathLike[str], read_set: Iterable[tuple[str, str]], *, measurer: Measurer | None = None
+    root: str | os.PathLike[str],
+    read_set: Iterable[tuple[str, str]],
+    *,
+    measurer: Measurer | None = None,
+    expand: Iterable[PathEntry] = (),
 ) -> ReadSetCheck:
-    """Re-measure a recorded read set (exact paths). Globs were expanded when recorded: a file that newly
-    matches a glob is not seen here, which is why the cache admits only exact reads."""
+    """Re-measure a recorded read set. Without ``expand`` only the recorded paths are re-measured, which proves
+    nothing about a file that newly matches a glob. ``expand``: the declared reads whose expansion the set
+    records; when one is a glob or a tree they are expanded again now and the recorded set must be exactly that
+    expansion: a path matching now but not recorded, recorded but no longer matching, or with another digest,
+    is changed."""
     m = measurer or Measurer(root)
     _same_root(m, root)
     recorded = dict(read_set)
+    entries = tuple(expand)
+    if any(not is_exact(e) for e in entries):
+        expanded = {p: _digest_or_absent(s) for p, s in m.measure_entries(entries).items()}
+        changed = tuple(
+            p for p in sorted(set(recorded) | set(expanded)) if recorded.get(p) != expanded.get(p)
+        )
+        return ReadSetChanged(changed) if changed else ReadSetMatches()
     if not recorded:
         m.check_root()  # nothing to re-measure; the workspace must still be the one the entry was keyed on
         return ReadSetMatches()

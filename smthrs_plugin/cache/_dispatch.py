@@ -18,7 +18,16 @@ Invariants
   and published; the others are recorded ``run-local`` (never served to another run, never published). A value
   is stored ENCODED by the value codecs (``codecs``: plain JSON as itself, typed values wrapped with their tag,
   large payloads as blobs in the local artifact store, published to the shared tier before the entry); a value no
-  codec can store exactly is not stored at all (``stage: "value"``), never stored in a weaker form.
+  codec can store exactly is not stored at all (``stage: "value"``), never stored in a weaker form — or, when the
+  request says ``require_cacheable_value`` (``@step``), fails the build with ``CacheError(value_uncacheable)``.
+  ``discard_value``: ``None`` is stored and returned instead of the executor's value.
+- **Freshness is the request's, never the key's.** An entry whose ``provenance.created_at_ms`` is more than
+  ``request.max_age_ms`` before this seam's clock is not served, in either tier: ``Miss(reason="expired")``,
+  journaled ``cache-provenance {action: "expired"}``. Its local row is invalidated and a shared entry is neither
+  compared against nor kept at our own name, so the build's result becomes the entry even when it differs (no
+  ``result_mismatch``), and records its renewal (``provenance.renewed``, what ``smthrs cache explain`` shows).
+  ``request.refresh`` serves nothing and replaces the same way (``Miss(reason="refresh")``). ``request.no_cache``
+  neither consults nor stores (``decision=None``, outcome ``built``).
 - **Typed values on a hit.** A served entry's value is decoded (after its read set verified, before its outputs
   are replayed) to an equal value of the same type. A value naming a tag this process has no codec for, a class
   it has not imported, or failing to decode, is never served and never executed as code: the entry is refused
@@ -49,12 +58,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
 from .._metrics import NULL_METRICS, MetricsPort
+from ..boundary import isolation_ran, record_isolation
 from ..boundary._boundary import Declaration
 from ..boundary._evidence import InlineLimits
 from ..boundary._measure import Measurer
@@ -76,7 +86,7 @@ from ..records._runs import assert_owner
 from ..settings import load_cache_settings
 from ..stores._artifacts import ArtifactStore
 from ..stores._database import Database
-from ._admission import Admissible, admission_claims, admit, read_set_verified
+from ._admission import Admissible, admission_claims, admit, read_set_verified, reads_expanded
 from ._bounds import SizeCaps, check_size
 from ._entry import CacheEntry, NotCacheable, Scope, check_cacheable
 from ._local import ChangeToken, DifferentResult, LocalHit, LocalTier, LocalUndecodable, Remembered
@@ -93,7 +103,7 @@ from ._model import (
     UnverifiableEvidence,
     VerifiedHit,
 )
-from ._serve import Refused, replay_entry, served_state, still_served, verify_entry
+from ._serve import Refused, replay_entry, same_expansion, served_state, still_served, verify_entry
 from ._shared import PublicationFailed, Published, Refusal, Replaced, SharedTier, same_store
 from ._signing import Trust, shared_trust_warning, trust_from_settings
 from ._support import KEY_LOCKS, PhaseTimer
@@ -247,7 +257,7 @@ class CacheDispatcher:
 
     def _dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
         timer = PhaseTimer()
-        if request.tier != "sealed":
+        if request.tier != "sealed" or request.no_cache:
             return self._build(request, execute, None, timer)
         seen = _Consulted()
         decision, served = self._consult(request, timer, seen)
@@ -302,6 +312,8 @@ class CacheDispatcher:
     def _consult(
         self, request: DispatchRequest, timer: PhaseTimer, seen: _Consulted
     ) -> tuple[CacheDecision, DispatchResult | None]:
+        if request.refresh:
+            return self._refresh(request, seen), None
         with timer("lookup"):
             # The token first: a commit after it (another process invalidating the row, ...) changes it. Not for a
             # scheduler's node (``on_settled``): every settlement of its run commits, so a token taken now never
@@ -313,6 +325,10 @@ class CacheDispatcher:
         if isinstance(found, LocalHit) and self._revoked_locally(request, found.entry):
             self.local.forget(request.key)
             failure = UnverifiableEvidence("local entry: its key was revoked (smthrs cache revoke)")
+        elif isinstance(found, LocalHit) and (expired := self._expired(request, found.entry, "local")):
+            self.local.forget(request.key)
+            self._expire(request, found.entry, expired)
+            failure = expired
         elif isinstance(found, LocalUndecodable):
             self._invalidate(request, found.key_digest, "undecodable")
             failure = UnverifiableEvidence(f"local entry: {found.reason}")
@@ -353,6 +369,14 @@ class CacheDispatcher:
                     f"shared entry {judged.name}: {judged.reason}: {judged.detail}"
                 )
                 continue
+            if expired := self._expired(request, judged.entry, "shared"):
+                # Never compared against and replaced at our own name by the build (it is too old for this
+                # request whoever asks, like a condemned entry).
+                self._expire(request, judged.entry, expired)
+                seen.unservable.add(judged.entry_id)
+                seen.condemned[judged.entry_id] = f"expired ({_age(expired)})"
+                shared_failure = shared_failure or expired
+                continue
             outcome = self._serve(request, judged.entry, "shared", None, timer)
             if isinstance(outcome, DispatchResult):
                 return outcome.decision or VerifiedHit("shared"), outcome
@@ -362,13 +386,68 @@ class CacheDispatcher:
             if isinstance(outcome, (StaleReadSet, Unmeasurable)):
                 return outcome, None  # this workspace's reads: every publisher's copy would fail the same way
             shared_failure = shared_failure or outcome
+        if isinstance(shared_failure, Miss) and failure is not None:
+            # The shared copy expired too: the local entry is the one this host would have served.
+            return failure, None
         return shared_failure or failure or Miss(), None
+
+    def _expired(
+        self, request: DispatchRequest, entry: CacheEntry, where: Literal["local", "shared"]
+    ) -> Miss | None:
+        """``Miss(reason="expired")`` when ``entry`` is older than ``request.max_age_ms`` by this seam's clock (an
+        entry with no readable creation time cannot be shown fresh: expired), else None."""
+        if request.max_age_ms is None:
+            return None
+        created = entry.provenance.get("created_at_ms")
+        now = self.clock.now_ms()
+        age = now - created if isinstance(created, int) and not isinstance(created, bool) else None
+        if age is not None and age <= request.max_age_ms:
+            return None
+        return Miss(reason="expired", where=where, age_ms=age, max_age_ms=request.max_age_ms)
+
+    def _expire(self, request: DispatchRequest, entry: CacheEntry, expired: Miss) -> None:
+        """Journal an expired entry (and invalidate its local row, so the build's result replaces it — a valid row
+        is first-writer-wins, and an unchanged result would otherwise keep the old creation time)."""
+
+        def tx(conn: Connection) -> None:
+            self._fence(conn, request)
+            if expired.where == "local":
+                self.local.invalidate_in(conn, entry.name)
+            self._journal_in(
+                conn,
+                request,
+                {
+                    "action": "expired",
+                    "tier": expired.where,
+                    "entry": entry.name,
+                    "age_ms": expired.age_ms,
+                    "max_age_ms": expired.max_age_ms,
+                },
+            )
+
+        self.db.write(tx)
+
+    def _refresh(self, request: DispatchRequest, seen: _Consulted) -> Miss:
+        """A refresh serves nothing: the local row is invalidated and every trusted shared entry is left out of the
+        build's same-key check and replaced at our own name, so the build's result becomes the entry."""
+        self.local.forget(request.key)
+        self._invalidate(request, key_digest(request.key), "refresh")
+        if request.consult_shared:
+            try:
+                for judged in self.shared.candidates(request.key):
+                    if not isinstance(judged, Refusal):
+                        seen.unservable.add(judged.entry_id)
+                        seen.condemned[judged.entry_id] = "a refresh was requested"
+            except ArtifactError as exc:
+                log.warning("shared cache tier %s is unavailable for lookup: %s", self.shared_store.url, exc)
+        return Miss(reason="refresh")
 
     def _remembered(self, request: DispatchRequest, token: ChangeToken | None) -> LocalHit | None:
         """This process's last verified serve of ``request.key`` when nothing can have changed since: no commit to
         the database (same ``token``: the row is exactly the one served), the same declaration and read set,
-        and every read, output and removal in the state that verification left (:func:`still_served`, by stat
-        and the stat cache's racy-timestamp rule). Then the row need not be read nor the entry re-verified; its
+        every read, output and removal in the state that verification left (:func:`still_served`, by stat
+        and the stat cache's racy-timestamp rule), and globs and trees still expanding to exactly the recorded
+        paths (:func:`same_expansion`). Then the row need not be read nor the entry re-verified; its
         revocation, value decoding and hit record are done as for any local hit. None: verify in full."""
         memo = self.local.recall(request.key, token)
         if memo is None:
@@ -378,6 +457,7 @@ class CacheDispatcher:
             or memo.entry.evidence.read_set != tuple(sorted(request.reads))
             or memo.verified[0] != request.declaration
             or not still_served(memo.verified[1], self.workspace, self.measurer)
+            or not same_expansion(request.declaration, memo.entry.evidence.read_set, self.measurer)
         ):
             self.local.forget(request.key)
             return None
@@ -526,6 +606,7 @@ class CacheDispatcher:
         mode: SandboxMode = (
             "whole-tree" if "whole-tree" in (request.sandbox, self.sandbox_mode) else "hermetic"
         )
+        record_isolation(None)
         try:
             with timer("execute"), self.metrics.observe_sandbox_execution():
                 settled: SandboxResult[Any] = run_in_sandbox(
@@ -555,7 +636,7 @@ class CacheDispatcher:
             return self._settle_failure(request, decision, exc, timer)
         self.metrics.boundary_settled("Deviation" if settled.evidence.deviations else "Clean")
         with timer("publish"):
-            return self._publish(request, decision, settled, timer, seen or _Consulted())
+            return self._publish(request, decision, settled, timer, seen or _Consulted(), isolation_ran())
 
     def _settle_failure(
         self, request: DispatchRequest, decision: CacheDecision | None, exc: BaseException, timer: PhaseTimer
@@ -580,17 +661,23 @@ class CacheDispatcher:
         settled: SandboxResult[Any],
         timer: PhaseTimer,
         seen: _Consulted,
+        isolation: str | None = None,
     ) -> DispatchResult:
         ev = settled.evidence
+        value = None if request.discard_value else settled.value
         built = DispatchResult(
             outcome="built",
             key=request.key,
             decision=decision,
-            value=settled.value,
+            value=value,
             evidence=ev,
             deviations=ev.deviations,
             timings=timer.ms,
         )
+        if request.no_cache:  # nothing stored: only the caller's settle record
+            return self._commit(
+                request, dataclasses.replace(built, published={"local": "no-cache"}), None, None
+            )
         too_large = check_size(ev, self.size_caps, node=request.node_id) if request.tier == "sealed" else None
         if too_large is not None:  # refused before anything is recorded or published
             failed = dataclasses.replace(
@@ -598,10 +685,25 @@ class CacheDispatcher:
             )
             return self._commit(request, failed, None, None)
         try:
-            stored = self.codecs.encode(settled.value, _BlobSink(self.artifacts))
+            stored = self.codecs.encode(value, _BlobSink(self.artifacts))
             cacheable = check_cacheable(stored)
         except CodecError as exc:
             cacheable = NotCacheable(exc.message)
+        if isinstance(cacheable, NotCacheable) and request.require_cacheable_value:
+            err = CacheError(
+                "value_uncacheable",
+                f"{request.subject or request.node_id} returned a {type(value).__module__}."
+                f"{type(value).__qualname__} that no value codec stores exactly ({cacheable.reason}), so its result"
+                " cannot be cached. Return plain data or a type with a value codec (register one through the"
+                " `smthrs_value_codecs` plugin hook), or declare that its value is not cached"
+                " (@sp.step(cache_value=False): its outputs are cached, every call returns None)",
+                node=request.node_id,
+                key=request.key,
+            )
+            failed = dataclasses.replace(
+                built, outcome="failed", error=err, published={"local": "unpublished:value_uncacheable"}
+            )
+            return self._commit(request, failed, None, None)
         if isinstance(cacheable, NotCacheable):
             log.warning(
                 "node %s (key %s) built a value no value codec stores exactly, so it is NOT cached: %s",
@@ -615,11 +717,13 @@ class CacheDispatcher:
             payload = {"action": "unpublished", "stage": "value", "reason": cacheable.reason}
             return self._commit(request, result, None, payload)
         verified = read_set_verified(request.reads, settled.prepared, ev)
+        expanded = reads_expanded(settled.prepared, ev)
         admission = admit(
             tier=request.tier,
             evidence=ev,
             all_reads_exact=settled.prepared.all_reads_exact,
             read_set_verified=verified,
+            reads_expanded=expanded,
         )
         scope: Scope = "shared" if isinstance(admission, Admissible) else "run-local"
         entry = CacheEntry.build(
@@ -635,6 +739,7 @@ class CacheDispatcher:
                 all_reads_exact=settled.prepared.all_reads_exact,
                 read_set_verified=verified,
                 nondeterministic=request.nondeterministic,
+                reads_expanded=expanded,
             ),
             provenance={
                 "run_id": request.run_id,
@@ -642,6 +747,9 @@ class CacheDispatcher:
                 "attempt": request.attempt,
                 "host": self.host_id,
                 "created_at_ms": self.clock.now_ms(),
+                **_renewal(decision),
+                # How the body was kept from the live workspace (``smthrs cache explain`` shows it).
+                **({"isolation": isolation} if isolation is not None else {}),
             },
             scope=scope,
         )
@@ -857,6 +965,23 @@ class _BlobSource:
                 raise
         d.shared.hydrate([digest], d.artifacts)
         return d.artifacts.get_bytes(digest)
+
+
+def _age(miss: Miss) -> str:
+    """``"<age> old, over the limit <max age>"`` of an expired miss, in seconds."""
+    age = "of unknown age" if miss.age_ms is None else f"{miss.age_ms / 1000:g} s old"
+    return f"{age}, over the limit {(miss.max_age_ms or 0) / 1000:g} s"
+
+
+def _renewal(decision: CacheDecision | None) -> dict[str, Any]:
+    """The provenance member of an entry built because an earlier one of its key expired or was refreshed (what
+    ``smthrs cache explain`` shows: the key did not change, its entry was renewed)."""
+    if not isinstance(decision, Miss) or decision.reason is None:
+        return {}
+    renewed: dict[str, Any] = {"reason": decision.reason}
+    if decision.reason == "expired":
+        renewed.update(tier=decision.where, age_ms=decision.age_ms, max_age_ms=decision.max_age_ms)
+    return {"renewed": renewed}
 
 
 def _published(result: DispatchResult, status: str) -> DispatchResult:

@@ -9,7 +9,18 @@ Invariants
   recorded data instead of a re-run. Nothing is re-measured: the explanation is about what was keyed.
 - The diff is structural and total: every leaf that differs is reported once, as ``changed``/``added``/
   ``removed`` with its old and new JSON value. Read sets (lists of ``{path, digest}``) are compared by path, so an
-  edited file reads ``read src/a.txt: <old digest> → <new digest>``, not "list item 3 changed".
+  edited file reads ``read src/a.txt: <old digest> → <new digest>``, not "list item 3 changed". A ``@step``'s
+  reached modules and distributions are named the same way: ``module helpers: <old> → <new>``, ``distribution
+  pandas: 2.1.0 → 2.2.0``.
+- A bare name resolves to the one subject it names: a plan node id, a step's function name (its qualname) or
+  node name; several candidates are refused, listed.
+- **A run-local entry says why.** When the explained entry was kept run-local (it failed admission: never served
+  to another run, so every other run's call of the same key misses), the explanation names the failed conjunct
+  and its reason, re-derived from the entry's recorded claims and evidence (``admit_entry``) — instead of
+  calling it a first entry, which is what it would otherwise look like.
+- **A renewed entry says so.** An entry built because the earlier entry of the SAME key had expired
+  (``cache_expiration``) or a refresh was asked for records it (``provenance.renewed``): its explanation is that
+  (``expired``: the earlier entry's tier, age and the limit), not a comparison with another key.
 - Categories name what a user edits: ``read`` (a declared input file), ``input`` (an argument / Ref value /
   literal), ``environment`` (a declared environment field), ``body`` (the step's body or source), ``effects``
   (declared writes, removals, boundary mode), ``other`` (anything else the caller folded — e.g. ``key.runId``, the
@@ -18,16 +29,29 @@ Invariants
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 from ..canonical import is_key
 from ..errors import CacheError
+from ..records import _cache_index as cache_index
+from ._admission import NotAdmissible, admit_entry
+from ._entry import CacheEntry
 from ._local import LocalRow, LocalTier
 from ._model import DispatchRequest
 
-__all__ = ["Change", "Explanation", "diff_components", "explain", "explain_request"]
+__all__ = [
+    "Change",
+    "Explanation",
+    "KeptRunLocal",
+    "Renewed",
+    "diff_components",
+    "explain",
+    "explain_request",
+]
 
 Category = Literal["read", "input", "environment", "body", "effects", "other"]
 ChangeKind = Literal["changed", "added", "removed"]
@@ -35,6 +59,8 @@ Status = Literal["first-entry", "changed", "same-components"]
 
 _INPUT_ROOTS = ("inputs", "args", "arguments", "kwargs")
 _BODY_ROOTS = ("body", "source", "function", "code")
+#: A ``@step``'s identity members named per entry (``hosts/_reach.py``): module digests, distribution versions.
+_STEP_MEMBERS = ((".modules.", "module"), (".distributions.", "distribution"))
 
 
 @dataclass(frozen=True)
@@ -58,23 +84,84 @@ class Change:
         }
 
     def line(self) -> str:
-        label = "read" if self.category == "read" else self.category
+        label, where = self._named()
         if self.kind == "added":
-            return f"{label} {self.where}: added ({_short(self.new)})"
+            return f"{label} {where}: added ({_short(self.new)})"
         if self.kind == "removed":
-            return f"{label} {self.where}: removed (was {_short(self.old)})"
-        return f"{label} {self.where}: {_short(self.old)} → {_short(self.new)}"
+            return f"{label} {where}: removed (was {_short(self.old)})"
+        return f"{label} {where}: {_short(self.old)} → {_short(self.new)}"
+
+    def _named(self) -> tuple[str, str]:
+        """A step's reached module or distribution is named as such (its name may itself be dotted)."""
+        if self.category == "body":
+            for marker, label in _STEP_MEMBERS:
+                head, found, name = self.where.partition(marker)
+                if found and name and head.endswith(".step"):
+                    return label, name
+        return self.category, self.where
+
+
+@dataclass(frozen=True)
+class KeptRunLocal:
+    """Why an entry stays with the run that built it: the admission ``conjunct`` it failed and the ``reason``."""
+
+    conjunct: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"conjunct": self.conjunct, "reason": self.reason}
+
+    def line(self) -> str:
+        return f"  kept run-local (never served to another run, which builds it again): {self.reason}"
+
+
+@dataclass(frozen=True)
+class Renewed:
+    """Why an entry replaced an earlier entry of its own key: ``expired`` (that entry, in ``tier``, was ``age_ms``
+    old, over ``max_age_ms``) or ``refresh`` (a refresh was asked for)."""
+
+    reason: str
+    tier: str | None = None
+    age_ms: int | None = None
+    max_age_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "tier": self.tier,
+            "age_ms": self.age_ms,
+            "max_age_ms": self.max_age_ms,
+        }
+
+    def line(self) -> str:
+        if self.reason == "expired":
+            age = "of unknown age" if self.age_ms is None else f"{_duration(self.age_ms)} old"
+            limit = "?" if self.max_age_ms is None else _duration(self.max_age_ms)
+            return (
+                f"  expired: the previous entry of this key ({self.tier or '?'} tier) was {age}, over"
+                f" cache_expiration {limit}; it ran again and this entry replaced it"
+            )
+        return f"  {self.reason}: a refresh was asked for (refresh_cache); it ran again and this entry replaced it"
+
+
+def _duration(ms: int) -> str:
+    return f"{ms} ms" if ms < 1000 else str(timedelta(seconds=ms // 1000))
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """What changed between ``previous_key`` and ``key`` for ``subject`` (``first-entry``: nothing to compare)."""
+    """What changed between ``previous_key`` and ``key`` for ``subject`` (``first-entry``: nothing to compare);
+    ``run_local``: why the entry was kept run-local, when it was."""
 
     subject: str | None
     key: str
     previous_key: str | None
     status: Status
     changes: tuple[Change, ...]
+    run_local: KeptRunLocal | None = None
+    renewed: Renewed | None = None
+    #: How the entry's body was isolated when it was built (``namespace | process | thread | remote``).
+    isolation: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,18 +170,30 @@ class Explanation:
             "previous_key": self.previous_key,
             "status": self.status,
             "changes": [c.to_json() for c in self.changes],
+            "run_local": None if self.run_local is None else self.run_local.to_json(),
+            "renewed": None if self.renewed is None else self.renewed.to_json(),
+            "isolation": self.isolation,
         }
 
     def lines(self) -> list[str]:
-        head = f"{self.subject or '?'}: {self.key}"
+        head = [f"{self.subject or '?'}: {self.key}"]
+        if self.isolation is not None:
+            head.append(f"  built with isolation {self.isolation}")
+        if self.run_local is not None:
+            head.append(self.run_local.line())
+        if self.renewed is not None:  # its key did not change: comparing it with another key says nothing
+            return [*head, self.renewed.line()]
         if self.status == "first-entry":
-            return [head, "  first entry of this subject: nothing earlier to compare with"]
+            # A run-local key's entry is the first of every run that builds it: its reason says more.
+            if self.run_local is not None:
+                return head
+            return [*head, "  first entry of this subject: nothing earlier to compare with"]
         if self.status == "same-components":
             return [
-                head,
+                *head,
                 f"  same recorded components as {self.previous_key} (the key folded something unrecorded)",
             ]
-        return [head, f"  compared with {self.previous_key}:"] + [f"  - {c.line()}" for c in self.changes]
+        return [*head, f"  compared with {self.previous_key}:"] + [f"  - {c.line()}" for c in self.changes]
 
 
 def _short(v: Any) -> str:
@@ -180,11 +279,13 @@ def _resolve(local: LocalTier, key_or_subject: str) -> LocalRow:
     rows = local.rows(subject=key_or_subject, limit=1)
     if rows:
         return rows[0]
-    subjects = local.subjects_ending_with(key_or_subject)
+    # A bare name: a plan node id, a step's function name (its qualname) or its node name.
+    subjects = cache_index.subjects_named(local.db, key_or_subject)
     if len(subjects) > 1:
+        shown = ", ".join(subjects[:10]) + (f" and {len(subjects) - 10} more" if len(subjects) > 10 else "")
         raise CacheError(
             "not_found",
-            f"{key_or_subject!r} names several subjects ({', '.join(subjects[:10])}); pass one of them in full",
+            f"{key_or_subject!r} names several subjects ({shown}); pass one of them in full",
             subjects=subjects,
         )
     rows = local.rows(subject=subjects[0], limit=1) if subjects else []
@@ -211,7 +312,45 @@ def explain(local: LocalTier, key_or_subject: str) -> Explanation:
     the previous entry of its subject. ``CacheError(not_found)`` when there is no such entry."""
     row = _resolve(local, key_or_subject)
     prev = _previous(local, row.subject, row.key, row.created_at_ms)
-    return _explained(row.subject, row.key, row.components, prev)
+    explained = _explained(row.subject, row.key, row.components, prev)
+    isolation = (row.provenance or {}).get("isolation")
+    if isinstance(isolation, str):
+        explained = dataclasses.replace(explained, isolation=isolation)
+    renewed = _renewed(row)
+    if renewed is not None:
+        explained = dataclasses.replace(explained, renewed=renewed)
+    if row.scope != "run-local":
+        return explained
+    return dataclasses.replace(explained, run_local=_kept_run_local(local, row))
+
+
+def _kept_run_local(local: LocalTier, row: LocalRow) -> KeptRunLocal:
+    """Why ``row`` stayed run-local, from its entry's own claims and evidence (what admission decided then)."""
+    entry = local.load(row.key_digest)
+    if not isinstance(entry, CacheEntry):
+        return KeptRunLocal("unknown", "its entry cannot be read back to tell which admission rule it failed")
+    verdict = admit_entry(entry.admission, entry.evidence)
+    if isinstance(verdict, NotAdmissible):
+        return KeptRunLocal(verdict.conjunct, verdict.reason)
+    return KeptRunLocal("unknown", "it failed cache admission when it was built")
+
+
+def _renewed(row: LocalRow) -> Renewed | None:
+    """The renewal ``row``'s entry recorded (``provenance.renewed``, written by the dispatch seam), if any."""
+    got = (row.provenance or {}).get("renewed")
+    if not isinstance(got, Mapping) or not isinstance(got.get("reason"), str):
+        return None
+    tier = got.get("tier")
+    return Renewed(
+        got["reason"],
+        tier if isinstance(tier, str) else None,
+        _ms(got.get("age_ms")),
+        _ms(got.get("max_age_ms")),
+    )
+
+
+def _ms(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def explain_request(local: LocalTier, request: DispatchRequest) -> Explanation:

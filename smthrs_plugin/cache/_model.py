@@ -39,8 +39,14 @@ class VerifiedHit:
 
 @dataclass(frozen=True)
 class Miss:
-    """No entry for this key in any consulted tier."""
+    """No servable entry for this key in any consulted tier. ``reason`` None: there was none. ``"expired"``: an
+    entry was older than the request's ``max_age_ms`` (``age_ms``: its age, None if unreadable; ``where``: its tier).
+    ``"refresh"``: the request asked for a fresh build (``refresh``), so no entry was looked at to be served."""
 
+    reason: Literal["expired", "refresh"] | None = None
+    where: Literal["local", "shared"] | None = None
+    age_ms: int | None = None
+    max_age_ms: int | None = None
     tag: Literal["Miss"] = "Miss"
 
 
@@ -118,6 +124,22 @@ class DispatchRequest:
     commit: Callable[[Callable[[Connection], Any]], Any] | None = field(
         default=None, compare=False, repr=False
     )
+    # Freshness and storage (``@step``'s ``cache_expiration`` / ``refresh_cache`` / ``cache_policy=NO_CACHE`` /
+    # ``cache_value``). None of them is folded into ``key``: changing them never orphans an entry.
+    #: An entry created more than this many milliseconds ago (by the seam's clock, against the entry's
+    #: ``provenance.created_at_ms``) is not served, in either tier: ``Miss(reason="expired")``, and the build
+    #: replaces it. None: entries never expire.
+    max_age_ms: int | None = None
+    #: Serve nothing: run ``execute`` and let its result replace the entry (``Miss(reason="refresh")``).
+    refresh: bool = False
+    #: Neither consult nor store: ``execute`` always runs, its outcome is ``built`` with ``decision=None``, and no
+    #: entry is recorded or published (the sandbox, copy-back and ``on_settled`` still happen).
+    no_cache: bool = False
+    #: A value no codec stores exactly fails the build (``CacheError(value_uncacheable)``) instead of being left
+    #: uncached with a warning.
+    require_cacheable_value: bool = False
+    #: The executor's value is not part of the result: ``None`` is stored and returned (built or served).
+    discard_value: bool = False
 
 
 @dataclass(frozen=True)

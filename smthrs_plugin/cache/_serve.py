@@ -19,6 +19,12 @@ Invariants (SEMANTICS.md §4, seed step-boundaries "Replay refusals a caller can
   set is the one the key folded, every recorded read re-measures to its recorded digest on this workspace, and
   every output was replayed (or is already present with its digest and mode). Anything else is a decision that
   falls through to a real execution; nothing is ever served half-verified.
+- **A glob or tree read is verified by its expansion.** When the requesting declaration has one, its reads are
+  expanded again NOW (``check_read_set(expand=...)``) and the recorded read set must be exactly that expansion:
+  a file newly matching, one no longer matching or one changed is a ``StaleReadSet`` naming it (a new file as
+  ``(path, "absent", digest)``, a gone one as ``(path, digest, None)``). This does not trust the entry's claims
+  nor the request's read set (a caller may have measured it earlier, e.g. a run's source pins), so an entry
+  whose recorded expansion omits a file that matches now is never served, from either tier.
 - ``MissingArtifact``: the missing blobs are hydrated from the shared store into the local one and the replay is
   retried exactly once; then ``ReplayFailed(missing_artifact)``. ``BoundaryCorruption``: the corrupt blob is
   deleted where it was found (so re-execution can store it again — a content-addressed put skips existing names)
@@ -34,7 +40,9 @@ Invariants (SEMANTICS.md §4, seed step-boundaries "Replay refusals a caller can
   output also has its recorded mode; a read recorded absent and every removal are still absent; every
   directory above those paths is still the same directory (no link swapped in: a path must not start to
   resolve outside the workspace); the workspace root is still the same directory. Anything else — including
-  a measurer without a stat cache — is False, and the caller verifies in full.
+  a measurer without a stat cache — is False, and the caller verifies in full. A declaration with a glob or tree
+  read must also still expand to exactly the recorded paths (:func:`same_expansion`: a directory walk, no
+  hashing), since a stat of the recorded paths cannot see a file newly matching.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ __all__ = [
     "ServedState",
     "served_state",
     "still_served",
+    "same_expansion",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,8 +126,10 @@ def verify_entry(
                 f"the {tier} entry's recorded read set is not the one its key was computed from"
             )
         )
+    # Globs and trees are re-expanded here, whatever the request's read set says (see the module invariants).
+    expand = () if declaration.all_reads_exact else declaration.reads
     try:
-        check = check_read_set(workspace, entry.evidence.read_set, measurer=measurer)
+        check = check_read_set(workspace, entry.evidence.read_set, measurer=measurer, expand=expand)
     except BoundaryError as exc:
         return Refused(Unmeasurable(f"{exc.code}: {exc.message}"))
     if isinstance(check, ReadSetChanged):
@@ -128,7 +139,7 @@ def verify_entry(
         except BoundaryError as exc:
             return Refused(Unmeasurable(f"{exc.code}: {exc.message}"))
         changed = tuple(
-            (p, recorded[p], None if (s := now.get(p)) is None else s.digest) for p in check.paths
+            (p, recorded.get(p, ABSENT), None if (s := now.get(p)) is None else s.digest) for p in check.paths
         )
         return Refused(StaleReadSet(changed), invalidate=True, reason="stale-read-set")
     return Verified()
@@ -379,3 +390,16 @@ def still_served(state: ServedState, workspace: Path, measurer: Measurer) -> boo
     except BoundaryError:
         return False  # the full verification reports the lost root
     return True
+
+
+def same_expansion(declaration: Declaration, read_set: Sequence[tuple[str, str]], measurer: Measurer) -> bool:
+    """Whether ``declaration``'s reads still name exactly the paths of ``read_set`` (True at once when every read
+    is exact). Enumeration only: the digests are :func:`still_served`'s to re-check. False, never an error, when
+    the workspace cannot be enumerated: the caller then verifies in full."""
+    if declaration.all_reads_exact:
+        return True
+    try:
+        listed, _ = measurer.expand(declaration.reads)
+    except BoundaryError:
+        return False
+    return listed == sorted(p for p, _ in read_set)

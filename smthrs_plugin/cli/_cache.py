@@ -103,13 +103,18 @@ def ls(
 @cache_app.command("explain")
 def explain(
     node_or_key: Annotated[
-        str, typer.Argument(help="A node id, plan/node subject, function qualname or key1_ key.")
+        str,
+        typer.Argument(
+            help="A key1_ key, a subject (plan/node, module:qualname), or a bare node id, step function name or"
+            " step node name (refused, listing the candidates, when it names several subjects)."
+        ),
     ],
     db: DbOption = None,
     workspace: WorkspaceOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node."""
+    """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node, and,
+    when that entry was kept run-local (never served to another run), the admission rule it failed."""
     from ..cache._explain import explain as explain_entry
 
     try:

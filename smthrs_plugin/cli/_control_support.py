@@ -102,7 +102,7 @@ class PlanLauncher:
         from smthrs_plugin.scheduler._planfile import PlanFileExecutor
 
         rt = self.rt
-        executor = PlanFileExecutor(rt.actions)
+        executor = PlanFileExecutor(rt.actions, isolation=rt.settings.isolation)
         environment: Any = ABSENT
         if run.card.input:
             base = rt.plugins.runtime_defaults(rt.settings).get("environment", ABSENT)

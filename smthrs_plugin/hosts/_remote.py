@@ -65,7 +65,7 @@ from ..scheduler._model import NodeInput
 from ..settings import Execution
 from ..stores._artifacts import ArtifactStore
 from ._taskstate import returned
-from ._workspace import Workspace
+from ._workspace import with_workspace
 
 if TYPE_CHECKING:  # pragma: no cover
     from prefect import Task
@@ -372,17 +372,19 @@ class RemoteExecutor:
 
 @dataclass(frozen=True)
 class StepBody:
-    """A ``@step`` function call to run on a worker: the function, its bound arguments, whether it takes the
-    workspace. An async function's coroutine runs to completion on the worker's own event loop."""
+    """A ``@step`` function call to run on a worker: the function, its workspace parameter (name and positional
+    index, if it takes one), its bound arguments. An async function's coroutine runs to completion on the worker's
+    own event loop."""
 
     fn: Callable[..., Any]
-    takes_workspace: bool
+    workspace_param: str | None
+    workspace_at: int | None
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
     def __call__(self, root: Path) -> Any:
-        lead = (Workspace(root),) if self.takes_workspace else ()
-        out = self.fn(*lead, *self.args, **self.kwargs)
+        args, kwargs = with_workspace(self.args, self.kwargs, self.workspace_param, self.workspace_at, root)
+        out = self.fn(*args, **kwargs)
         if inspect.iscoroutine(out):
             return asyncio.run(out)
         return out

@@ -14,9 +14,11 @@ Invariants
   no codec handles is ``CacheError(key_uncomputable)`` naming the argument and the ``smthrs_value_codecs`` hook,
   raised before anything is written — register a codec, or declare the data as a read instead of passing it. A
   function whose source cannot be read is refused when decorated.
-- **The function sees only its sandbox.** It receives an :class:`Workspace` (a path rooted in the sandbox) as its
-  first argument when it declares one (annotation ``Workspace``); declared reads are there, declared writes are
-  copied back (compare-and-set) when it returns. A hit replays the outputs instead of calling it.
+- **The function sees only its sandbox.** It receives a :class:`Workspace` (a path rooted in the sandbox) in the
+  parameter annotated ``Workspace``, whatever its position (:meth:`_StepSpec.body_arguments`; that parameter is
+  not part of the task's signature); declared reads are there, declared writes are copied back (compare-and-set)
+  when it returns. A hit replays the outputs instead of calling it. A declared exact read missing from the
+  workspace is ``CacheError(missing_read)`` naming it, before the body runs.
 - **Always a value; a hit looks like a hit.** A direct call returns the step's value (a hit returns the stored
   value), never a Prefect State (unless the caller passes ``return_state=True``). ``.submit()`` / ``.map()``
   futures resolve to the value too. However the step is called, a hit's task run ends ``Completed`` named
@@ -33,7 +35,16 @@ Invariants
   sees the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body and
   waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
 - **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
-  passing Prefect caching options is refused.
+  passing Prefect caching options is refused, but for those smthrs honours itself, carried on every request and
+  never folded into the key: ``cache_expiration`` (an older entry is a ``Miss`` whose reason is ``expired``),
+  ``refresh_cache`` (None: Prefect's ``PREFECT_TASKS_REFRESH_CACHE`` at call time), ``cache_policy=NO_CACHE``
+  (nothing served or stored). ``cache_exclude`` leaves arguments out of the key; ``cache_value=False`` leaves the
+  value out of the result (every call returns None); otherwise a value no codec stores exactly fails the build
+  (``CacheError(value_uncacheable)``).
+- **A refusal is told once.** A typed error (:class:`~smthrs_plugin.errors.SmthrsError`) a call raises is logged
+  once, on the task run's logger, and re-raised untouched; Prefect's own records of the same failure (task run,
+  flow run, their final states) are rewritten to point at it (:class:`_RefusalEchoes`) instead of repeating its
+  text and a traceback of plugin frames. A body's own exception is logged by Prefect as for any task.
 - **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
   ``step-settled`` record into it, fenced by the flow process's owner token, which each call carries to
   wherever Prefect runs the body (threads, processes, Dask).
@@ -57,41 +68,48 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
-import hashlib
+import datetime
 import inspect
 import logging
 import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
 import prefect
 from prefect.cache_policies import NO_CACHE
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
+from ..boundary import ISOLATIONS, IsolatedCall, record_isolation, resolve_isolation
 from ..boundary._boundary import Declaration
+from ..boundary._measure import ABSENT as ABSENT_FILE
 from ..cache._model import DispatchRequest
 from ..cache._requests import build_request, declaration_of, measure_reads, node_request
 from ..canonical import canonical_bytes
-from ..codecs import HOOK_NAME, CodecRegistry
+from ..codecs import HOOK_NAME, CodecRegistry, path_arguments
 from ..engine._context import waits_forbidden
 from ..errors import CacheError, CanonicalError, CodecError, PlanError
 from ..plan import NodeDraft, Value, node
+from ..plan._fileset import entry_matches
 from ..plan._keys import plan_key
 from ..runtime import process_codecs
 from ..scheduler._job import error_line
 from ..scheduler._model import Settlement
 from . import _events
 from ._flowrun import context_for_call
+from ._reach import step_identity
+from ._refusals import told
 from ._remote import RemoteTarget, StepBody, coordinator_runner, execution_for
 from ._stepjournal import record_settled
 from ._steprun import StepContext, standalone_run
-from ._workspace import Workspace
+from ._workspace import Workspace, with_workspace
 
 __all__ = ["step", "Step", "Workspace", "CONTEXT_PARAM", "STEP_EVENT_PREFIX", "default_environment"]
 
@@ -100,18 +118,19 @@ CONTEXT_PARAM = "smthrs_context"
 #: Prefect events of step calls are ``smthrs.step.built | clean | failed`` (catalogue: :mod:`._events`).
 STEP_EVENT_PREFIX = _events.STEP_PREFIX
 _RESERVED = {CONTEXT_PARAM, "return_state", "wait_for"}
-#: Prefect options that would make Prefect cache or persist on its own: the plugin owns caching.
+#: Prefect options that would make Prefect cache or persist on its own: the plugin owns caching. (Prefect's
+#: ``cache_expiration`` and ``refresh_cache``, and ``cache_policy=NO_CACHE`` alone, are taken: :data:`_STEP_OPTIONS`.)
 _REFUSED_OPTIONS = {
     "cache_policy",
     "cache_key_fn",
-    "cache_expiration",
     "persist_result",
     "result_storage",
     "result_storage_key",
     "result_serializer",
-    "refresh_cache",
     "cache_result_in_memory",
 }
+#: Options ``step()`` and ``with_options`` take that the smthrs cache honours (never passed to Prefect).
+_STEP_OPTIONS = ("cache_expiration", "refresh_cache", "cache_exclude", "cache_value", "isolation")
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: The message prefix of the ``Cached`` state a hit's body returns: how a direct call recognises the state to unwrap.
@@ -126,16 +145,21 @@ def default_environment() -> dict[str, Any]:
     return {"python": f"{impl}-{sys.version_info.major}.{sys.version_info.minor}"}
 
 
-def _takes_workspace(params: list[inspect.Parameter]) -> bool:
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        return False
-    ann = params[0].annotation
+def _is_workspace(ann: Any) -> bool:
     if ann is Workspace or (isinstance(ann, type) and issubclass(ann, Workspace)):
         return True
     return isinstance(ann, str) and (ann == "Workspace" or ann.endswith(".Workspace"))
+
+
+def _takes_workspace(params: list[inspect.Parameter]) -> list[str]:
+    """The names of the parameters annotated ``Workspace`` (whatever their position; ``*args``/``**kwargs``
+    never are one)."""
+    return [
+        p.name
+        for p in params
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and _is_workspace(p.annotation)
+    ]
 
 
 class _StepSpec:
@@ -153,27 +177,52 @@ class _StepSpec:
         tier: str,
         nondeterministic: bool,
         environment: Mapping[str, Any] | None,
+        isolation: str | None = None,
+        cache_expiration: Any = None,
+        refresh_cache: Any = None,
+        cache_exclude: Any = (),
+        cache_value: Any = True,
+        no_cache: bool = False,
     ) -> None:
         self.fn = fn
-        self.name = name
-        self.identity = f"{fn.__module__}:{fn.__qualname__}"
-        try:
-            source = inspect.getsource(fn)
-        except (OSError, TypeError) as exc:
+        #: ``auto | namespace | process | thread`` (None: the runtime's ``SMTHRS_ISOLATION``); never keyed.
+        self.isolation = isolation
+        if isolation is not None and isolation not in ISOLATIONS:
             raise CacheError(
-                "key_uncomputable",
-                f"step {self.identity}: its source cannot be read ({exc}), so its key cannot include it; define "
-                "the function in a module or notebook cell whose source Python can read",
-                cause=exc,
-                step=self.identity,
-            ) from exc
-        self.source_digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+                "invalid_declaration",
+                f"@step {fn.__qualname__}: isolation={isolation!r} is not one of {', '.join(ISOLATIONS)}",
+            )
+        self.name = name
+        # Its module as imported (``__main__`` too), its source and every project module and installed
+        # distribution its code reaches (``_reach``); only plain data is kept, so the spec still pickles.
+        reached = step_identity(fn)
+        self.identity = reached.identity
+        self.source_digest = reached.source_digest
         # An async step's task body is a coroutine function too (Prefect then builds an async task run).
         self.is_async = inspect.iscoroutinefunction(fn)
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
-        self.takes_workspace = _takes_workspace(params)
-        visible = params[1:] if self.takes_workspace else params
+        named = _takes_workspace(params)
+        if len(named) > 1:
+            raise CacheError(
+                "invalid_declaration",
+                f"step {self.identity}: parameters {', '.join(named)} are all annotated Workspace, but a step"
+                " receives one workspace; keep one",
+                step=self.identity,
+            )
+        #: The parameter the body receives its :class:`Workspace` in, whatever its position (never an argument of
+        #: the call, never keyed), or None. ``_workspace_at``: its index when it is positional.
+        self.workspace_param: str | None = named[0] if named else None
+        self.takes_workspace = self.workspace_param is not None
+        self._workspace_at: int | None = next(
+            (
+                i
+                for i, p in enumerate(params)
+                if p.name == self.workspace_param and p.kind is not inspect.Parameter.KEYWORD_ONLY
+            ),
+            None,
+        )
+        visible = [p for p in params if p.name != self.workspace_param]
         for p in visible:
             if p.name in _RESERVED:
                 raise CacheError(
@@ -188,13 +237,77 @@ class _StepSpec:
         with_hidden.append(hidden)
         with_hidden += [p for p in visible if p.kind is inspect.Parameter.VAR_KEYWORD]
         self.task_signature = sig.replace(parameters=with_hidden)
-        self.body = {"step": {"function": self.identity, "source": self.source_digest}}
+        self.body = {"step": reached.key_material()}
         self.reads, self.writes, self.removes = reads, writes, removes
         self.boundary, self.tier, self.nondeterministic = boundary, tier, nondeterministic
         self.environment = dict(environment) if environment is not None else None
+        self._freshness(visible, cache_expiration, refresh_cache, cache_exclude, cache_value, no_cache)
         # Refuse bad effects now, before any call writes anything (the boundary declaration also refuses writes
         # and removals under the reserved .smthrs/, .git/, .venv/).
         self.draft({}, boundary_check=True)
+
+    def _freshness(
+        self,
+        visible: list[inspect.Parameter],
+        cache_expiration: Any,
+        refresh_cache: Any,
+        cache_exclude: Any,
+        cache_value: Any,
+        no_cache: bool,
+    ) -> None:
+        """Check and keep the options that say when an entry is served and what it stores (none is keyed)."""
+
+        def invalid(message: str) -> CacheError:
+            return CacheError("invalid_declaration", f"step {self.identity}: {message}", step=self.identity)
+
+        if cache_expiration is not None and (
+            not isinstance(cache_expiration, datetime.timedelta) or cache_expiration <= datetime.timedelta(0)
+        ):
+            raise invalid(
+                f"cache_expiration={cache_expiration!r} is not a positive datetime.timedelta (or None: never)"
+            )
+        if refresh_cache is not None and not isinstance(refresh_cache, bool):
+            raise invalid(f"refresh_cache={refresh_cache!r} is not True, False or None (Prefect's setting)")
+        if not isinstance(cache_value, bool):
+            raise invalid(f"cache_value={cache_value!r} is not True or False")
+        if isinstance(cache_exclude, str) or not isinstance(cache_exclude, Iterable):
+            raise invalid(f"cache_exclude={cache_exclude!r} is not a list of parameter names")
+        cache_exclude = tuple(cache_exclude)
+        if not all(isinstance(n, str) for n in cache_exclude):
+            raise invalid(f"cache_exclude={list(cache_exclude)!r} is not a list of parameter names")
+        names = [p.name for p in visible]
+        unknown = [n for n in cache_exclude if n not in names]
+        if unknown:
+            raise invalid(
+                f"cache_exclude names {', '.join(map(repr, unknown))}, which "
+                f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of the step (its keyed "
+                f"parameters: {', '.join(names) or 'none'})"
+            )
+        self.cache_expiration: datetime.timedelta | None = cache_expiration
+        self.refresh_cache: bool | None = refresh_cache
+        self.cache_exclude: frozenset[str] = frozenset(cache_exclude)
+        self.cache_value: bool = cache_value
+        self.no_cache: bool = bool(no_cache)
+        # What every request of this step carries (never folded into its key: cache/_model.DispatchRequest).
+        max_age_ms = None
+        if cache_expiration is not None:
+            max_age_ms = max(1, cache_expiration // datetime.timedelta(milliseconds=1))
+        self.request_options: dict[str, Any] = {
+            "max_age_ms": max_age_ms,
+            "no_cache": self.no_cache,
+            "require_cacheable_value": True,
+            "discard_value": not cache_value,
+        }
+
+    def body_arguments(
+        self, root: Path, bound: inspect.BoundArguments
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments to call :attr:`fn` with: the call's ``bound`` arguments (bound to
+        :attr:`call_signature`, defaults applied) with a :class:`Workspace` rooted at ``root`` inserted as the
+        workspace parameter, at its own position or by its name."""
+        return with_workspace(
+            tuple(bound.args), dict(bound.kwargs), self.workspace_param, self._workspace_at, root
+        )
 
     def draft(self, arguments: Mapping[str, Any], *, boundary_check: bool = False) -> NodeDraft:
         try:
@@ -239,13 +352,15 @@ class _StepSpec:
             ) from exc
         bound.apply_defaults()
         registry = codecs if codecs is not None else process_codecs()
+        # cache_exclude: the body receives these arguments, the key never sees them (nor needs a key form).
+        keyed = [(n, v) for n, v in bound.arguments.items() if n not in self.cache_exclude]
         try:
-            values = {name: registry.key_form(value) for name, value in bound.arguments.items()}
+            values = {name: registry.key_form(value) for name, value in keyed}
             return bound, values, canonical_bytes(values)
         except (CodecError, CanonicalError):
             pass
         # Name the first argument (in order) that has no key form or no canonical form.
-        for name, value in bound.arguments.items():
+        for name, value in keyed:
             try:
                 canonical_bytes(registry.key_form(value))
             except (CodecError, CanonicalError) as exc:
@@ -253,8 +368,9 @@ class _StepSpec:
                     "key_uncomputable",
                     f"step {self.identity}: argument {name!r} (a {type(value).__module__}.{type(value).__qualname__})"
                     f" has no key: {exc.message}. Pass plain data or a type with a value codec (register one through"
-                    f" the `{HOOK_NAME}` plugin hook), or write the object to a file and declare that file in"
-                    " reads=[...]",
+                    f" the `{HOOK_NAME}` plugin hook), write the object to a file and declare that file in"
+                    f" reads=[...], or, if it cannot change the result (a client, a session), leave it out of the"
+                    f" key: @sp.step(cache_exclude=[{name!r}])",
                     cause=exc,
                     step=self.identity,
                     argument=name,
@@ -354,7 +470,7 @@ def _request_for(
         env_bytes = None  # built the long way: the key computation reports it
     if spec.tier != "sealed" or env_bytes is None:
         draft = spec.draft(values)
-        return draft, node_request(
+        fresh_request = node_request(
             draft,
             run_id=run_id,
             workspace=rt.workspace,
@@ -363,6 +479,8 @@ def _request_for(
             attempt=attempt,
             subject=spec.identity,
         )
+        _check_reads(spec, rt, fresh_request.reads)
+        return draft, _called(spec, dataclasses.replace(fresh_request, **spec.request_options))
     memo = _memo_of(spec)
     base = (canonical, env_bytes, str(rt.workspace))
     drafted = memo.drafts.get(base)
@@ -372,6 +490,7 @@ def _request_for(
         memo.put(memo.drafts, base, drafted)
     draft, decl = drafted
     reads = measure_reads(measurer, decl)
+    _check_reads(spec, rt, reads)
     request = memo.requests.get((*base, reads))
     if request is None:
         request = build_request(
@@ -384,11 +503,39 @@ def _request_for(
             attempt=attempt,
             subject=spec.identity,
         )
+        request = dataclasses.replace(request, **spec.request_options)
         memo.put(memo.requests, (*base, reads), request)
     elif request.run_id != run_id or request.attempt != attempt:
         request = dataclasses.replace(request, run_id=run_id, attempt=attempt)
         memo.put(memo.requests, (*base, reads), request)  # the next call of this run reuses it as is
-    return draft, request
+    return draft, _called(spec, request)
+
+
+def _check_reads(spec: _StepSpec, rt: Any, reads: Iterable[tuple[str, str]]) -> None:
+    """Refuse a call whose declared exact read does not exist, before the body runs: a typo in ``reads=`` would
+    otherwise run a body that cannot see its input (and key the call on the file's absence)."""
+    missing = [path for path, digest in reads if digest == ABSENT_FILE]
+    if not missing:
+        return
+    declared = [str(r) for r in spec.reads]
+    raise CacheError(
+        "missing_read",
+        f"step {spec.identity} declares reads={declared!r} but {', '.join(missing)} "
+        f"{'does' if len(missing) == 1 else 'do'} not exist in the workspace {rt.workspace}: create "
+        f"{'it' if len(missing) == 1 else 'them'} first (or run the step that writes "
+        f"{'it' if len(missing) == 1 else 'them'}), or correct the path",
+        step=spec.identity,
+        paths=missing,
+    )
+
+
+def _called(spec: _StepSpec, request: DispatchRequest) -> DispatchRequest:
+    """The request of this call: a refresh is decided now — the step's ``refresh_cache``, else Prefect's
+    ``PREFECT_TASKS_REFRESH_CACHE`` as it is set at this call (as Prefect resolves it for its own tasks)."""
+    refresh = spec.refresh_cache
+    if refresh is None:
+        refresh = bool(PREFECT_TASKS_REFRESH_CACHE.value())
+    return dataclasses.replace(request, refresh=True) if refresh else request
 
 
 def _dispatch(
@@ -408,23 +555,43 @@ def _dispatch(
     task_run_id, attempt = _task_run_ids()
     env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
     draft, request = _request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
+    _check_path_arguments(spec, bound, Path(rt.workspace), request.declaration)
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
+    ran: list[str] = []  # the isolation the body ran under (a hit runs none)
+
     def execute(root: Path) -> Any:
         if target is not None:
-            body = StepBody(spec.fn, spec.takes_workspace, tuple(bound.args), dict(bound.kwargs))
-            return target.run(f"{spec.name} · remote", body, root)
-        with waits_forbidden(f"the body of @step {spec.identity!r}"):
-            lead = (Workspace(root),) if spec.takes_workspace else ()
-            out = spec.fn(*lead, *bound.args, **bound.kwargs)
-            # An async step: its coroutine runs on the task run's loop while this thread waits for it.
-            if on_loop is not None:
-                return on_loop.run(out)
-            return out
+            ran.append("remote")
+            record_isolation("remote")
+            shipped = StepBody(
+                spec.fn, spec.workspace_param, spec._workspace_at, tuple(bound.args), dict(bound.kwargs)
+            )
+            return target.run(f"{spec.name} · remote", shipped, root)
+        kind = resolve_isolation(spec.isolation or rt.settings.isolation, subject=spec.identity)
+        ran.append(kind)
+        call = IsolatedCall(rt.workspace, root, request.declaration, kind, subject=spec.identity)
+        # In a namespace the workspace's own path shows the sandbox (the sandbox path itself may be hidden).
+        view = Path(rt.workspace) if kind == "namespace" else root
+
+        def body() -> Any:
+            with waits_forbidden(f"the body of @step {spec.identity!r}"):
+                call_args, call_kwargs = spec.body_arguments(view, bound)
+                out = spec.fn(*call_args, **call_kwargs)
+                # An async step in this thread: its coroutine runs on the task run's loop while this thread
+                # waits for it. In an isolated child the coroutine is returned and run on a loop of its own.
+                if on_loop is not None and kind == "thread":
+                    return on_loop.run(out)
+                return out
+
+        if on_loop is None:
+            return call.run(body)
+        with on_loop.isolated(call):
+            return call.run(body)
 
     result = rt.dispatcher.dispatch(request, execute)
-    payload = _payload(spec, result, attempt, task_run_id)
+    payload = _payload(spec, result, attempt, task_run_id, ran[-1] if ran else None)
     record_settled(rt, ctx.run_id, ctx.owner, payload, hit=result.outcome == "clean")
     # A hit returned as OUR Cached state inside a task run: that state (its message names the key) is what
     # Prefect shows and records for the call; a smthrs.step.clean event would say it a second time.
@@ -442,8 +609,35 @@ def _dispatch(
     return result.value
 
 
-def _payload(spec: _StepSpec, result: Any, attempt: int, task_run_id: str | None) -> dict[str, Any]:
-    """The ``step-settled`` record (plain JSON)."""
+def _check_path_arguments(
+    spec: _StepSpec, bound: inspect.BoundArguments, workspace: Path, declaration: Declaration
+) -> None:
+    """A ``pathlib`` argument naming a workspace file the step does not declare is refused: its key folds the
+    path's TEXT, so a hit would be served after the file's bytes changed. Declared, it is measured like any read.
+    (A relative path means the workspace: an isolated body runs there.)"""
+    for name, value in bound.arguments.items():
+        for path in path_arguments(value):
+            full = os.path.normpath(os.path.join(workspace, os.fspath(path)))
+            if full != str(workspace) and not full.startswith(str(workspace) + os.sep):
+                continue
+            rel = os.path.relpath(full, workspace).replace(os.sep, "/")
+            if rel == "." or any(entry_matches(e, rel) for e in (*declaration.reads, *declaration.writes)):
+                continue
+            raise CacheError(
+                "invalid_declaration",
+                f"step {spec.identity}: argument {name!r} is the workspace path {rel!r}, which the step does not "
+                f"declare; a path argument is keyed by its text, not by the file's bytes, so declare the file the "
+                f"body reads: reads=[{rel!r}] (or writes=[{rel!r}] for an output)",
+                step=spec.identity,
+                argument=name,
+                path=rel,
+            )
+
+
+def _payload(
+    spec: _StepSpec, result: Any, attempt: int, task_run_id: str | None, isolation: str | None = None
+) -> dict[str, Any]:
+    """The ``step-settled`` record (plain JSON). ``isolation``: how the body ran (absent on a hit: none ran)."""
     payload: dict[str, Any] = {
         "step": spec.identity,
         "node": spec.name,
@@ -452,6 +646,8 @@ def _payload(spec: _StepSpec, result: Any, attempt: int, task_run_id: str | None
         "decision": None if result.decision is None else result.decision.tag,
         "attempt": attempt,
     }
+    if isolation is not None:
+        payload["isolation"] = isolation
     tier = getattr(result.decision, "tier", None)
     if tier is not None:
         payload["tier"] = tier  # where a verified hit came from: local | shared | attempt
@@ -555,13 +751,27 @@ class _BodyOnLoop:
     task run's Prefect context and the wait ban exactly as a sync body does. :meth:`cancel` (the awaiting task was
     cancelled) cancels a running body, or refuses one that has not started yet."""
 
-    __slots__ = ("loop", "_lock", "_future", "_cancelled")
+    __slots__ = ("loop", "_lock", "_future", "_cancelled", "_child")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
         self._future: concurrent.futures.Future[Any] | None = None
         self._cancelled = False
+        self._child: IsolatedCall | None = None
+
+    @contextlib.contextmanager
+    def isolated(self, call: IsolatedCall) -> Iterator[None]:
+        """While ``call`` runs, a cancellation kills its child (an isolated body runs on a loop of its own)."""
+        with self._lock:
+            if self._cancelled:
+                call.kill()
+            self._child = call
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._child = None
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         with self._lock:
@@ -578,6 +788,8 @@ class _BodyOnLoop:
             self._cancelled = True
             if self._future is not None:
                 self._future.cancel()
+            if self._child is not None:
+                self._child.kill()
 
 
 async def _settle_in_thread(
@@ -664,13 +876,15 @@ def _make_body(spec: _StepSpec) -> Callable[..., Any]:
         call = kwargs.pop(CONTEXT_PARAM, None)
         if call is None:
             call = _Call(None, False)
-        return _run_step(spec, call.ctx, call.as_state, args, kwargs, remote=call.remote)
+        with told():
+            return _run_step(spec, call.ctx, call.as_state, args, kwargs, remote=call.remote)
 
     async def async_body(*args: Any, **kwargs: Any) -> Any:
         call = kwargs.pop(CONTEXT_PARAM, None)
         if call is None:
             call = _Call(None, False)
-        return await _settle_in_thread(spec, call, args, kwargs)
+        with told():
+            return await _settle_in_thread(spec, call, args, kwargs)
 
     body: Callable[..., Any] = async_body if spec.is_async else sync_body
     body.__name__ = spec.fn.__name__
@@ -681,6 +895,22 @@ def _make_body(spec: _StepSpec) -> Callable[..., Any]:
     return body
 
 
+def _split_options(
+    spec_options: Mapping[str, Any], task_options: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Move the options smthrs honours out of the Prefect task options (``with_options`` passes them there):
+    :data:`_STEP_OPTIONS`, and Prefect's ``cache_policy`` when it is ``NO_CACHE`` (any other policy stays, to be
+    refused)."""
+    spec, task = dict(spec_options), dict(task_options)
+    for name in _STEP_OPTIONS:
+        if name in task:
+            spec[name] = task.pop(name)
+    if "cache_policy" in task and type(task["cache_policy"]) is type(NO_CACHE):
+        del task["cache_policy"]
+        spec["no_cache"] = True
+    return spec, task
+
+
 class Step(prefect.Task):  # type: ignore[type-arg]
     """A Prefect task whose body goes through the smthrs cache (see the module docstring). Build it with
     :func:`step`."""
@@ -688,6 +918,7 @@ class Step(prefect.Task):  # type: ignore[type-arg]
     def __init__(
         self, fn: Callable[..., Any], *, spec_options: Mapping[str, Any], task_options: Mapping[str, Any]
     ) -> None:
+        spec_options, task_options = _split_options(spec_options, task_options)
         refused = sorted(set(task_options) & _REFUSED_OPTIONS)
         if refused:
             raise CacheError(
@@ -696,6 +927,13 @@ class Step(prefect.Task):  # type: ignore[type-arg]
                 " steps); remove them",
             )
         spec = _StepSpec(fn, **spec_options)
+        from ..cache._admission import declared_run_local_reason
+
+        # Said once here: otherwise every call of such a step misses in each new run and explains nothing.
+        if (run_local := declared_run_local_reason(spec.draft({}))) is not None:
+            log.warning(
+                "@step %s is cached only within its run, never across runs: %s", spec.identity, run_local
+            )
         self.step_spec = spec
         self._spec_options = dict(spec_options)
         self._task_options = dict(task_options)
@@ -763,7 +1001,9 @@ class Step(prefect.Task):  # type: ignore[type-arg]
         return futures
 
     def with_options(self, **options: Any) -> Step:  # type: ignore[override]
-        """A copy with other Prefect options (``name=`` also renames the step node); caching options refused."""
+        """A copy with other Prefect options (``name=`` also renames the step node); caching options refused but
+        for the freshness and storage options :func:`step` takes (``cache_expiration``, ``refresh_cache``,
+        ``cache_exclude``, ``cache_value``, ``cache_policy=NO_CACHE``)."""
         spec_options = dict(self._spec_options)
         if "name" in options:
             spec_options["name"] = options.pop("name")
@@ -786,17 +1026,58 @@ def step(
     name: str | None = None,
     nondeterministic: bool = False,
     environment: Mapping[str, Any] | None = None,
+    isolation: str | None = None,
+    cache_expiration: datetime.timedelta | None = None,
+    refresh_cache: bool | None = None,
+    cache_exclude: Iterable[str] = (),
+    cache_value: bool = True,
     **task_options: Any,
 ) -> Any:
     """Turn ``fn`` into a cached Prefect task (see the module docstring).
 
-    ``reads`` / ``writes`` / ``removes``: workspace-relative paths, globs (``"src/**"``) or trees (``"dist/"``);
+    The parameter annotated ``sp.Workspace`` (``ws: sp.Workspace``, in any position, positional or keyword-only)
+    receives the sandbox's workspace; it is not an argument of the call and never keyed.
+    ``reads`` / ``writes`` / ``removes``: workspace-relative paths, globs (``"src/**"``) or trees (``"dist/"``); a
+    declared exact read that does not exist is refused before the body runs (``CacheError(missing_read)``: a typo
+    in ``reads=`` never runs silently), a glob or tree may match nothing;
     ``boundary``: ``"hard"`` refuses undeclared writes, ``"expected"`` records them (never shared); ``tier``:
     ``"sealed"`` (shared cache), ``"compensable"`` / ``"irreversible"`` (replayed inside one flow run only);
     ``name``: the task and node name (default: the function name); ``environment``: plain JSON added to the key;
     ``nondeterministic``: keep the first result published for a key instead of refusing a different one;
+    ``isolation``: how a building body is kept from the live workspace — ``"namespace"`` (a forked child in a
+    private mount namespace where the workspace path shows the sandbox), ``"process"`` (a forked child whose
+    working directory is the sandbox; Python opens of workspace paths outside it refused), ``"thread"`` (in the
+    calling thread, same refusals, files only through ``ws``: for a body that must share in-process objects),
+    ``"auto"`` (namespace where the kernel allows it, else process); None (default): ``SMTHRS_ISOLATION``;
     ``task_options``: any other ``prefect.task`` option (``retries``, ``retry_delay_seconds``, ``tags``,
-    ``timeout_seconds``, ``task_run_name`` ...)."""
+    ``timeout_seconds``, ``task_run_name`` ...) — Prefect's own caching and persistence options are refused, but
+    for the ones below.
+
+    Freshness and storage, with Prefect's names (none is folded into the key: changing one never orphans an
+    entry; ``with_options`` takes them too):
+
+    - ``cache_expiration``: a positive ``datetime.timedelta``. An entry created longer ago than this (measured by
+      the runtime's clock against the entry's creation time, in the local and the shared tier alike) is not
+      served: the call is a ``Miss`` whose reason is ``expired`` (``smthrs cache explain`` shows the old entry's
+      age and the limit), the body runs and its result replaces the entry, even when it differs. None (default):
+      entries never expire. For a body whose result depends on the world, not only on its inputs (an HTTP fetch,
+      the clock).
+    - ``refresh_cache``: True: the body always runs and its result replaces the entry, so later calls hit the new
+      one (the old entry is invalidated when the call starts: a failed refresh leaves none to serve). False: never.
+      None (default): Prefect's setting ``PREFECT_TASKS_REFRESH_CACHE``, read at each call.
+    - ``cache_exclude``: names of parameters left out of the key. The body still receives their values, but calls
+      that differ only in them share one entry, so a hit serves a result built with ANOTHER value: by excluding a
+      parameter the author promises that its value does not change the result nor the outputs (a client, a
+      session, a logger, a progress callback). Its value needs no key form (no codec; unpicklable is fine). A
+      name that is not a parameter of the function is refused when decorating.
+    - ``cache_policy=prefect.cache_policies.NO_CACHE``: nothing is served or stored — the body always runs (in its
+      sandbox, declared writes copied back, the call journaled; its outcome is ``built``). Any other
+      ``cache_policy`` is refused.
+    - ``cache_value``: True (default): the return value is part of the cached result, and a value no value codec
+      stores exactly fails the call at its first build with ``CacheError(value_uncacheable)`` (its declared writes
+      are already copied back; nothing is cached) instead of going uncached silently. False: the return value is
+      not cached — the outputs are, a hit replays them — and every call, built or hit, returns None, so no caller
+      can come to depend on a value only a build returns."""
 
     def wrap(f: F) -> Step:
         if not callable(f) or inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
@@ -814,6 +1095,11 @@ def step(
             "tier": tier,
             "nondeterministic": nondeterministic,
             "environment": environment,
+            "isolation": isolation,
+            "cache_expiration": cache_expiration,
+            "refresh_cache": refresh_cache,
+            "cache_exclude": cache_exclude,
+            "cache_value": cache_value,
         }
         return Step(f, spec_options=spec_options, task_options=task_options)
 

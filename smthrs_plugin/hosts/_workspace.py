@@ -8,9 +8,9 @@ when the step returns; nothing else is. No Prefect import here: ``import smthrs_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Workspace"]
+__all__ = ["Workspace", "with_workspace"]
 
 if TYPE_CHECKING:  # pragma: no cover
     _PathBase = Path
@@ -21,3 +21,17 @@ else:
 class Workspace(_PathBase):
     """The root of a step's sandbox (a ``pathlib.Path``). Read declared inputs and write declared outputs
     relative to it: ``(ws / "data/clean.csv").write_text(...)``."""
+
+
+def with_workspace(
+    args: tuple[Any, ...], kwargs: dict[str, Any], name: str | None, at: int | None, root: Path
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A step function's call arguments with a :class:`Workspace` at ``root`` inserted as its workspace
+    parameter ``name``: at positional index ``at``, or by name (keyword-only, or the positionals before it were
+    passed by name). ``name`` None: the arguments unchanged."""
+    if name is None:
+        return args, kwargs
+    ws = Workspace(root)
+    if at is None or len(args) < at:
+        return args, {**kwargs, name: ws}
+    return (*args[:at], ws, *args[at:]), kwargs

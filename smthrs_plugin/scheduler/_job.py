@@ -170,6 +170,8 @@ class NodeJob:
                 key=self.spec.key,
                 boundary=self.boundary,
                 cancel=self.cancel,
+                workspace=Path(self.request.workspace),
+                declaration=self.request.declaration,
             )
         )
         try:

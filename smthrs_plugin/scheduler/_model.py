@@ -46,6 +46,10 @@ class NodeInput:
     key: str
     boundary: str
     cancel: CancelToken = field(default=NEVER_CANCELLED, repr=False, compare=False)
+    #: The real workspace and the node's boundary declaration (how an executor isolates its body from the live
+    #: workspace: ``boundary.IsolatedCall``). Not data: no key folds them.
+    workspace: Path | None = field(default=None, repr=False, compare=False)
+    declaration: Any = field(default=None, repr=False, compare=False)
 
     @property
     def id(self) -> str:

@@ -59,11 +59,11 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..boundary import Declaration
+from ..boundary import Declaration, IsolatedCall, IsolationKind, command_preexec, resolve_isolation
 from ..errors import PlanError
 from ..plan import Pending, Plan, Ref, Value, compile_plan, node
 from ..plan._compile import DEFAULT_MAXIMUM_PLAN_NODES
@@ -143,6 +143,11 @@ class PlanFileExecutor:
     same contract as a ``pkg.module:function`` target; the runtime passes the plugins' actions (``rt.actions``)."""
 
     actions: Mapping[str, Any] = field(default_factory=dict)
+    #: How a node's body is kept from the live workspace (``auto | namespace | process | thread``, the runtime's
+    #: ``SMTHRS_ISOLATION``): a ``call:`` function runs like a step body (``boundary.IsolatedCall``); a ``run:``
+    #: command in a namespace sees the sandbox at the workspace's own path (elsewhere its working directory is
+    #: the sandbox, as always). None: the environment's ``SMTHRS_ISOLATION`` (read when a node runs).
+    isolation: str | None = None
 
     def __call__(self, ni: NodeInput) -> Any:
         # A node declaring ``approval:`` reaches the executor only once the scheduler's gate approved it (the
@@ -155,12 +160,29 @@ class PlanFileExecutor:
                 f"node {ni.node.id!r} has no run: or call: action"
                 + (" (a wait: node is the scheduler's timer)" if draft.wait else ""),
             )
+        kind = self._isolation(ni)
         if "run" in body:
-            return _run_command(ni, str(body["run"]))
-        return _call(ni, str(body["call"]), body.get("with") or {}, self.actions)
+            return _run_command(ni, str(body["run"]), namespace=kind == "namespace")
+        target, kwargs = str(body["call"]), body.get("with") or {}
+        if kind is None:
+            return _call(ni, target, kwargs, self.actions)
+        call = IsolatedCall(ni.workspace or ni.root, ni.root, ni.declaration, kind, subject=f"node {ni.id}")
+        # In a namespace the workspace's own path shows the sandbox (the sandbox path itself may be hidden there).
+        seen = replace(ni, root=Path(call.workspace)) if kind == "namespace" else ni
+        with ni.cancel.on_cancel(call.kill):
+            return call.run(lambda: _call(seen, target, kwargs, self.actions))
+
+    def _isolation(self, ni: NodeInput) -> IsolationKind | None:
+        """The isolation this node's body runs under; None where there is nothing to isolate from (an executor
+        called without a workspace or declaration, e.g. directly by a test)."""
+        if ni.workspace is None or ni.declaration is None:
+            return None
+        # The variable Settings.isolation reads, without parsing every setting once per node.
+        choice = self.isolation if self.isolation is not None else os.environ.get("SMTHRS_ISOLATION", "auto")
+        return resolve_isolation(choice, subject=f"node {ni.id}")
 
 
-def _run_command(ni: NodeInput, cmd: str) -> dict[str, Any]:
+def _run_command(ni: NodeInput, cmd: str, *, namespace: bool = False) -> dict[str, Any]:
     env = dict(os.environ)
     env.update(
         SMTHRS_NODE_ID=ni.node.id,
@@ -175,6 +197,8 @@ def _run_command(ni: NodeInput, cmd: str) -> dict[str, Any]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # In a namespace, absolute workspace paths in the command resolve to its sandbox too.
+        preexec_fn=command_preexec(ni.workspace, ni.root) if namespace and ni.workspace is not None else None,
     )
     try:
         with ni.cancel.on_cancel(lambda: _kill_group(proc)):

@@ -31,7 +31,7 @@ def _evidence(**kw: object) -> Evidence:
     [
         ("tier_sealed", {"tier": "compensable"}),
         ("boundary_hard", {"evidence": _evidence(boundary_mode="expected")}),
-        ("reads_exact", {"all_reads_exact": False}),
+        ("reads_expanded", {"all_reads_exact": False}),
         ("no_deviation", {"evidence": _evidence(deviations=(ExpectedSetDeviation(("x",)),))}),
         ("whole_tree_writes_verified", {"evidence": _evidence(whole_tree_writes_verified=False)}),
         ("hermetic_reads_verified", {"evidence": _evidence(hermetic_reads_verified=False)}),
@@ -51,13 +51,18 @@ def test_each_conjunct_alone_bars_admission(conjunct: str, change: dict[str, obj
     assert conjunct in CONJUNCTS
 
 
-def test_a_glob_read_keeps_the_result_run_local(machines: Machines) -> None:
+def test_a_glob_read_is_admitted_by_its_expansion_unless_the_body_saw_the_whole_tree(
+    machines: Machines,
+) -> None:
     import smthrs_plugin as sp
 
-    a = machines("a", files={"in.txt": "x"})
     draft = sp.plan.node("upper", body={}, reads=["*.txt"], writes=["out.txt"])
+    a = machines("a", files={"in.txt": "x"})
     res = a.dispatch(draft, upper)
-    assert res.outcome == "built" and res.published["shared"] == "unpublished:reads_exact"
+    assert res.outcome == "built" and res.published["shared"] == "published"
+    b = machines("b", files={"in.txt": "x"})
+    whole = b.dispatch(draft, upper, sandbox="whole-tree", consult_shared=False)
+    assert whole.outcome == "built" and whole.published["shared"] == "unpublished:reads_expanded"
 
 
 def _entry(k: str) -> CacheEntry:

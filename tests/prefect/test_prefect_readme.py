@@ -27,9 +27,11 @@ def test_readme_flow_author_example_runs(
     import smthrs_plugin as sp
 
     @sp.step(reads=["data/raw.csv"], writes=["data/clean.csv"])
-    def clean(ws: sp.Workspace, threshold: float) -> dict:
-        rows = [r for r in (ws / "data/raw.csv").read_text().split() if float(r) >= threshold]
-        (ws / "data/clean.csv").write_text("\n".join(rows) + "\n")
+    def clean(threshold: float) -> dict:
+        with open("data/raw.csv") as f:  # a plain path: in the body, the workspace shows its sandbox
+            rows = [r for r in f.read().split() if float(r) >= threshold]
+        with open("data/clean.csv", "w") as f:
+            f.write("\n".join(rows) + "\n")
         return {"kept": len(rows)}
 
     @flow

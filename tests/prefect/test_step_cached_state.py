@@ -14,6 +14,14 @@ from prefect.client.schemas.objects import State
 
 import smthrs_plugin as sp
 
+
+@pytest.fixture(autouse=True)
+def _bodies_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count body calls in this process's memory, so bodies run in-thread; how a body is isolated
+    (a child process) is pinned by the isolation tests."""
+    monkeypatch.setenv("SMTHRS_ISOLATION", "thread")
+
+
 pytestmark = pytest.mark.prefect
 
 CALLS: list[str] = []

@@ -14,6 +14,14 @@ from prefect import flow
 import smthrs_plugin as sp
 from smthrs_plugin.hosts._steprun import current_spec
 
+
+@pytest.fixture(autouse=True)
+def _bodies_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count body calls in this process's memory, so bodies run in-thread; how a body is isolated
+    (a child process) is pinned by the isolation tests."""
+    monkeypatch.setenv("SMTHRS_ISOLATION", "thread")
+
+
 pytestmark = pytest.mark.prefect
 
 #: Deadline for Prefect's asynchronous event pipeline (far above anything a busy 2-core machine needs).
