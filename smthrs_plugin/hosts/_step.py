@@ -55,7 +55,7 @@ Invariants
   a hit outside a task run (the body called without Prefect) still sends it.
 - **A hit's own cost is a few stat calls.** The request of a sealed step is rebuilt only when its canonical
   arguments, environment, workspace or measured read digests differ from a call this process already keyed
-  (:func:`_request_for`); the seam then serves a local entry it verified before without reading its row again
+  (:func:`._steprequest.request_for`); the seam then serves a local entry it verified before without reading its row again
   while the database is unchanged and every read and output still stats as verified
   (``cache._dispatch.CacheDispatcher._remembered``). The ``step-settled`` record of every call is still
   journaled (hits in fenced batches, :mod:`._stepjournal`).
@@ -70,14 +70,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import dataclasses
 import datetime
 import inspect
 import logging
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -85,19 +83,14 @@ from typing import Any, TypeVar
 
 import prefect
 from prefect.cache_policies import NO_CACHE
-from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
 from ..boundary import ISOLATIONS, IsolatedCall, record_isolation, resolve_isolation
-from ..boundary._boundary import Declaration
-from ..boundary._measure import ABSENT as ABSENT_FILE
-from ..cache._model import DispatchRequest
-from ..cache._requests import build_request, declaration_of, measure_reads, node_request
+from ..cache._requests import declaration_of
 from ..canonical import canonical_bytes
-from ..codecs import HOOK_NAME, CodecRegistry, path_arguments
+from ..codecs import HOOK_NAME, CodecRegistry
 from ..engine._context import waits_forbidden
 from ..errors import CacheError, CanonicalError, CodecError, PlanError
 from ..plan import NodeDraft, Value, node
-from ..plan._fileset import entry_matches
 from ..plan._keys import plan_key
 from ..runtime import process_codecs
 from ..scheduler._job import error_line
@@ -108,6 +101,7 @@ from ._reach import step_identity
 from ._refusals import told
 from ._remote import RemoteTarget, StepBody, coordinator_runner, execution_for
 from ._stepjournal import record_settled
+from ._steprequest import check_path_arguments, request_for
 from ._steprun import StepContext, standalone_run
 from ._workspace import Workspace, with_workspace
 
@@ -417,127 +411,6 @@ def _run_step(
         return _dispatch(spec, run_ctx, as_state, bound, values, on_loop, canonical, remote)
 
 
-class _RequestMemo:
-    """The requests a step built, by what they were built from (see :func:`_request_for`). Bounded; per step and
-    process (never pickled with the step: a worker process builds its own)."""
-
-    __slots__ = ("lock", "drafts", "requests")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.drafts: dict[tuple[bytes, bytes, str], tuple[NodeDraft, Declaration]] = {}
-        self.requests: dict[tuple[bytes, bytes, str, tuple[tuple[str, str], ...]], DispatchRequest] = {}
-
-    def put(self, table: dict[Any, Any], key: Any, value: Any) -> None:
-        with self.lock:
-            if len(table) >= _MEMO_CAPACITY:
-                table.pop(next(iter(table)))
-            table[key] = value
-
-
-#: Requests (and drafts) remembered per step: a bound on memory, not on correctness.
-_MEMO_CAPACITY = 256
-_MEMOS: weakref.WeakKeyDictionary[_StepSpec, _RequestMemo] = weakref.WeakKeyDictionary()
-_MEMOS_LOCK = threading.Lock()
-
-
-def _memo_of(spec: _StepSpec) -> _RequestMemo:
-    memo = _MEMOS.get(spec)
-    if memo is None:
-        with _MEMOS_LOCK:
-            memo = _MEMOS.setdefault(spec, _RequestMemo())
-    return memo
-
-
-def _request_for(
-    spec: _StepSpec,
-    rt: Any,
-    run_id: str,
-    attempt: int,
-    values: dict[str, Any],
-    canonical: bytes,
-    env: dict[str, Any],
-) -> tuple[NodeDraft, DispatchRequest]:
-    """The call's draft and dispatch request. A sealed step's request is a pure function of its canonical
-    argument key forms, its environment, its workspace and the read digests measured NOW (the key folds exactly
-    these; run id and attempt only label the request), so it is built once per distinct combination and reused
-    — the reads are still measured on every call, and the seam still re-verifies them before serving a hit. A
-    non-sealed step's key folds the run, so it is always built afresh."""
-    measurer = rt.dispatcher.measurer
-    try:
-        env_bytes = canonical_bytes(env)
-    except CanonicalError:
-        env_bytes = None  # built the long way: the key computation reports it
-    if spec.tier != "sealed" or env_bytes is None:
-        draft = spec.draft(values)
-        fresh_request = node_request(
-            draft,
-            run_id=run_id,
-            workspace=rt.workspace,
-            measurer=measurer,
-            environment=env,
-            attempt=attempt,
-            subject=spec.identity,
-        )
-        _check_reads(spec, rt, fresh_request.reads)
-        return draft, _called(spec, dataclasses.replace(fresh_request, **spec.request_options))
-    memo = _memo_of(spec)
-    base = (canonical, env_bytes, str(rt.workspace))
-    drafted = memo.drafts.get(base)
-    if drafted is None:
-        fresh = spec.draft(values)
-        drafted = (fresh, declaration_of(fresh))
-        memo.put(memo.drafts, base, drafted)
-    draft, decl = drafted
-    reads = measure_reads(measurer, decl)
-    _check_reads(spec, rt, reads)
-    request = memo.requests.get((*base, reads))
-    if request is None:
-        request = build_request(
-            draft,
-            run_id=run_id,
-            workspace=rt.workspace,
-            reads=reads,
-            declaration=decl,
-            environment=env,
-            attempt=attempt,
-            subject=spec.identity,
-        )
-        request = dataclasses.replace(request, **spec.request_options)
-        memo.put(memo.requests, (*base, reads), request)
-    elif request.run_id != run_id or request.attempt != attempt:
-        request = dataclasses.replace(request, run_id=run_id, attempt=attempt)
-        memo.put(memo.requests, (*base, reads), request)  # the next call of this run reuses it as is
-    return draft, _called(spec, request)
-
-
-def _check_reads(spec: _StepSpec, rt: Any, reads: Iterable[tuple[str, str]]) -> None:
-    """Refuse a call whose declared exact read does not exist, before the body runs: a typo in ``reads=`` would
-    otherwise run a body that cannot see its input (and key the call on the file's absence)."""
-    missing = [path for path, digest in reads if digest == ABSENT_FILE]
-    if not missing:
-        return
-    declared = [str(r) for r in spec.reads]
-    raise CacheError(
-        "missing_read",
-        f"step {spec.identity} declares reads={declared!r} but {', '.join(missing)} "
-        f"{'does' if len(missing) == 1 else 'do'} not exist in the workspace {rt.workspace}: create "
-        f"{'it' if len(missing) == 1 else 'them'} first (or run the step that writes "
-        f"{'it' if len(missing) == 1 else 'them'}), or correct the path",
-        step=spec.identity,
-        paths=missing,
-    )
-
-
-def _called(spec: _StepSpec, request: DispatchRequest) -> DispatchRequest:
-    """The request of this call: a refresh is decided now — the step's ``refresh_cache``, else Prefect's
-    ``PREFECT_TASKS_REFRESH_CACHE`` as it is set at this call (as Prefect resolves it for its own tasks)."""
-    refresh = spec.refresh_cache
-    if refresh is None:
-        refresh = bool(PREFECT_TASKS_REFRESH_CACHE.value())
-    return dataclasses.replace(request, refresh=True) if refresh else request
-
-
 def _dispatch(
     spec: _StepSpec,
     ctx: StepContext,
@@ -554,8 +427,8 @@ def _dispatch(
     target = None if remote is None else RemoteTarget.of(remote, rt.artifacts, ctx.spec.execution)
     task_run_id, attempt = _task_run_ids()
     env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
-    draft, request = _request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
-    _check_path_arguments(spec, bound, Path(rt.workspace), request.declaration)
+    draft, request = request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
+    check_path_arguments(spec, bound, Path(rt.workspace), request.declaration)
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
@@ -607,31 +480,6 @@ def _dispatch(
 
         return Completed(name="Cached", message=f"{_HIT_MESSAGE}{result.key}", data=result.value)
     return result.value
-
-
-def _check_path_arguments(
-    spec: _StepSpec, bound: inspect.BoundArguments, workspace: Path, declaration: Declaration
-) -> None:
-    """A ``pathlib`` argument naming a workspace file the step does not declare is refused: its key folds the
-    path's TEXT, so a hit would be served after the file's bytes changed. Declared, it is measured like any read.
-    (A relative path means the workspace: an isolated body runs there.)"""
-    for name, value in bound.arguments.items():
-        for path in path_arguments(value):
-            full = os.path.normpath(os.path.join(workspace, os.fspath(path)))
-            if full != str(workspace) and not full.startswith(str(workspace) + os.sep):
-                continue
-            rel = os.path.relpath(full, workspace).replace(os.sep, "/")
-            if rel == "." or any(entry_matches(e, rel) for e in (*declaration.reads, *declaration.writes)):
-                continue
-            raise CacheError(
-                "invalid_declaration",
-                f"step {spec.identity}: argument {name!r} is the workspace path {rel!r}, which the step does not "
-                f"declare; a path argument is keyed by its text, not by the file's bytes, so declare the file the "
-                f"body reads: reads=[{rel!r}] (or writes=[{rel!r}] for an output)",
-                step=spec.identity,
-                argument=name,
-                path=rel,
-            )
 
 
 def _payload(
