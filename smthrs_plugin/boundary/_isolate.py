@@ -583,12 +583,16 @@ class IsolatedCall:
         the pipe's write end."""
         pidfd = _pidfd(pid)
         reader = _Frames()
+        # poll, not select: a busy process's descriptors may be numbered past select()'s 1024.
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
         open_pipe = True
         try:
             while True:
-                watched = [p for p in (r if open_pipe else None, pidfd) if p is not None]
                 # A bounded wait so an exception delivered to this thread (a timeout, Ctrl-C) is seen promptly.
-                ready, _, _ = select.select(watched, [], [], 0.5) if watched else ([], [], [])
+                ready = {fd for fd, _ in poller.poll(500)}
                 if open_pipe and r in ready:
                     chunk = os.read(r, 1 << 16)
                     if self._relay_all(reader, chunk):
@@ -596,7 +600,8 @@ class IsolatedCall:
                     if chunk:
                         continue
                     open_pipe = False
-                done, status = os.waitpid(pid, os.WNOHANG if watched else 0)
+                    poller.unregister(r)
+                done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     os.set_blocking(r, False)
                     with contextlib.suppress(BlockingIOError):
@@ -676,7 +681,7 @@ def run_isolated(
 
 def _pidfd(pid: int) -> int | None:
     opener = getattr(os, "pidfd_open", None)
-    if opener is None:  # pragma: no cover - Linux < 5.3 or not Linux: polled by the bounded select
+    if opener is None:  # pragma: no cover - Linux < 5.3 or not Linux: polled by the bounded poll
         return None
     try:
         fd: int = opener(pid)

@@ -14,6 +14,9 @@ Invariants
   no codec handles is ``CacheError(key_uncomputable)`` naming the argument and the ``smthrs_value_codecs`` hook,
   raised before anything is written — register a codec, or declare the data as a read instead of passing it. A
   function whose source cannot be read is refused when decorated.
+- **A building body is isolated** (``boundary.IsolatedCall``): by default it runs in a forked child where every
+  workspace path means its sandbox (``isolation=`` / ``SMTHRS_ISOLATION``: namespace | process | thread); the
+  isolation that ran is on its ``step-settled`` record. A hit starts no child.
 - **The function sees only its sandbox.** It receives a :class:`Workspace` (a path rooted in the sandbox) in the
   parameter annotated ``Workspace``, whatever its position (:meth:`_StepSpec.body_arguments`; that parameter is
   not part of the task's signature); declared reads are there, declared writes are copied back (compare-and-set)
@@ -29,11 +32,11 @@ Invariants
 - **Async steps are async tasks whose event loop is never blocked.** ``@step`` on an ``async def`` builds an async
   Prefect task (``await step(...)`` in an async flow, ``.submit()``, ``.map()``, ``retries=`` as for sync steps).
   The dispatch (hashing, sandbox, copy-back, journal: synchronous, blocking I/O) runs in a thread of its own per
-  call, while the coroutine body itself runs on the task run's OWN event loop (``run_coroutine_threadsafe``), so
-  it shares the loop its flow or task runner gave it, like any async Prefect task — loop-bound clients keep
-  working — and concurrent awaits of async steps stay concurrent (one thread each, not a capped pool). The body
-  sees the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body and
-  waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
+  call (one thread each, not a capped pool: concurrent awaits stay concurrent). An isolated body's coroutine runs
+  on a loop of its own in the child; under ``isolation="thread"`` it runs on the task run's OWN event loop
+  (``run_coroutine_threadsafe``), like any async Prefect task, so loop-bound clients keep working. The body sees
+  the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body (kills its
+  child) and waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
 - **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
   passing Prefect caching options is refused, but for those smthrs honours itself, carried on every request and
   never folded into the key: ``cache_expiration`` (an older entry is a ``Miss`` whose reason is ``expired``),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from smthrs_plugin.boundary import Declaration, IsolatedCall, UndeclaredPath, namespace_available, resolve_isolation
+from smthrs_plugin.boundary import (
+    Declaration,
+    IsolatedCall,
+    UndeclaredPath,
+    namespace_available,
+    resolve_isolation,
+)
 from smthrs_plugin.errors import BoundaryError, BoundaryRefusal
 
 NAMESPACE = namespace_available()
@@ -27,6 +33,17 @@ needs_namespace = pytest.mark.skipif(
     not NAMESPACE and os.environ.get("CI") != "true", reason="this kernel refuses private mount namespaces"
 )
 DEADLINE_S = 60.0
+
+
+def read(path: Any) -> str:
+    """A plain ``open`` as a flow author writes it (what the isolation must see)."""
+    with open(path) as f:
+        return f.read()
+
+
+def write(path: Any, text: str) -> int:
+    with open(path, "w") as f:
+        return f.write(text)
 
 
 def wait_until(cond: Callable[[], bool], what: str) -> None:
@@ -63,13 +80,15 @@ def _ws_files(ws: Path) -> list[str]:
 
 
 @needs_namespace
-def test_relative_absolute_and_subprocess_writes_land_in_the_sandbox_in_a_namespace(tree: tuple[Path, Path]) -> None:
+def test_relative_absolute_and_subprocess_writes_land_in_the_sandbox_in_a_namespace(
+    tree: tuple[Path, Path],
+) -> None:
     ws, root = tree
 
     def body() -> str:
         os.makedirs("out", exist_ok=True)
         with open("out/x.csv", "w") as f:
-            f.write(open("data/raw.csv").read() + "3\n")
+            f.write(read("data/raw.csv") + "3\n")
         with open(ws / "out" / "abs.csv", "w") as f:  # an absolute path under the workspace
             f.write("abs")
         subprocess.run(["sh", "-c", f"cat {ws}/data/raw.csv > {ws}/out/sub.csv"], check=True)
@@ -88,7 +107,7 @@ def test_an_undeclared_read_is_a_typed_refusal_naming_the_path(tree: tuple[Path,
     ws, _ = tree
     path = "secret.txt" if how == "relative" else str(ws / "secret.txt")
     with pytest.raises(BoundaryRefusal) as err:
-        _call(tree, "namespace").run(lambda: open(path).read())
+        _call(tree, "namespace").run(lambda: read(path))
     assert err.value.code == "undeclared_read"
     assert err.value.details["path"] == "secret.txt"
     assert "reads=['secret.txt']" in err.value.message
@@ -153,7 +172,9 @@ def test_a_project_module_imported_lazily_by_the_body_is_still_found(tree: tuple
         sys.modules.pop("lazyhelper_iso", None)
 
 
-def test_process_isolation_runs_in_the_sandbox_and_refuses_live_workspace_paths(tree: tuple[Path, Path]) -> None:
+def test_process_isolation_runs_in_the_sandbox_and_refuses_live_workspace_paths(
+    tree: tuple[Path, Path],
+) -> None:
     ws, root = tree
 
     def body() -> str:
@@ -165,22 +186,24 @@ def test_process_isolation_runs_in_the_sandbox_and_refuses_live_workspace_paths(
     assert (root / "out/x.csv").read_text() == "1\n2\n"
     # A declared read named by its live absolute path: refused, with how to reach it instead.
     with pytest.raises(UndeclaredPath) as err:
-        _call(tree, "process").run(lambda: open(ws / "data/raw.csv").read())
+        _call(tree, "process").run(lambda: read(ws / "data/raw.csv"))
     assert err.value.code == "undeclared_read" and "relative to the working directory" in err.value.message
     with pytest.raises(UndeclaredPath) as err:
-        _call(tree, "process").run(lambda: open(ws / "out/x.csv", "w").write("x"))
+        _call(tree, "process").run(lambda: write(ws / "out/x.csv", "x"))
     assert err.value.code == "undeclared_write"
     with pytest.raises(UndeclaredPath) as err:
-        _call(tree, "process").run(lambda: open("secret.txt").read())
+        _call(tree, "process").run(lambda: read("secret.txt"))
     assert err.value.code == "undeclared_read"
     assert _ws_files(ws) == ["data/raw.csv", "secret.txt"]
 
 
-def test_thread_isolation_refuses_plain_workspace_paths_and_serves_ws(tree: tuple[Path, Path], monkeypatch: Any) -> None:
+def test_thread_isolation_refuses_plain_workspace_paths_and_serves_ws(
+    tree: tuple[Path, Path], monkeypatch: Any
+) -> None:
     ws, root = tree
     monkeypatch.chdir(ws)  # a flow author's usual working directory: the workspace
     with pytest.raises(UndeclaredPath) as err:
-        _call(tree, "thread").run(lambda: open("data/raw.csv").read())
+        _call(tree, "thread").run(lambda: read("data/raw.csv"))
     assert "through `ws` only" in err.value.message
     assert _call(tree, "thread").run(lambda: (root / "data/raw.csv").read_text()) == "1\n2\n"
     # Outside a guarded body the same thread opens freely.
@@ -212,7 +235,9 @@ def test_log_records_of_the_child_reach_the_parent_logger(tree: tuple[Path, Path
     with caplog.at_level(logging.INFO, logger="smthrs.test.isolated"):
         child = _call(tree, "process").run(body)
     assert child != os.getpid()
-    assert [r.getMessage() for r in caplog.records if r.name == "smthrs.test.isolated"] == ["from the child pid"]
+    assert [r.getMessage() for r in caplog.records if r.name == "smthrs.test.isolated"] == [
+        "from the child pid"
+    ]
 
 
 def test_a_child_killed_by_sigkill_is_a_typed_failure(tree: tuple[Path, Path]) -> None:
@@ -329,7 +354,7 @@ def test_a_non_root_user_gets_the_namespace_view() -> None:
             def body() -> str:
                 Path(ws / "out.txt").write_text(Path("data/raw.csv").read_text() + str(os.getuid()))
                 try:
-                    open(ws / "secret.txt").read()
+                    read(ws / "secret.txt")
                 except BoundaryRefusal as exc:
                     return exc.code
                 return "read the secret"
@@ -396,3 +421,19 @@ def test_namespace_where_the_kernel_refuses_it_is_typed_never_downgraded(monkeyp
         resolve_isolation("namespace", subject="s")
     assert err.value.code == "isolation_unavailable"
     assert resolve_isolation("auto") == "process"  # auto says so in the log and on the journal record
+
+
+def test_a_process_holding_many_descriptors_still_waits_on_its_child(tree: tuple[Path, Path]) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not open 1,200 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the child's pipe is numbered past 1024
+    try:
+        assert _call(tree, "process").run(lambda: 42) == 42
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

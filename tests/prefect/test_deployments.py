@@ -90,7 +90,8 @@ class Served:
 
 
 def _serve(flows: Path, workspace: Path, name: str) -> Served:
-    marks = workspace / "marks.txt"
+    # Outside the workspace: a step body's write into the workspace would be an undeclared output.
+    marks = workspace.parent / f"{workspace.name}-marks.txt"
     env = {
         **os.environ,  # PREFECT_API_URL: the session's server (prefect_api)
         "SMTHRS_WORKSPACE": str(workspace),

@@ -27,6 +27,14 @@ from smthrs_plugin.hosts._flows import flow_fn, flow_name
 from smthrs_plugin.hosts._steprun import current_spec
 from smthrs_plugin.records._wait_rows import TimerWait
 
+
+@pytest.fixture(autouse=True)
+def _bodies_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count body calls in this process's memory, so bodies run in-thread; how a body is isolated
+    (a child process) is pinned by the isolation tests."""
+    monkeypatch.setenv("SMTHRS_ISOLATION", "thread")
+
+
 pytestmark = pytest.mark.prefect
 
 EXECUTED: list[str] = []

@@ -52,6 +52,8 @@ FAST = {
     "SMTHRS_SKEW_ALLOWANCE_S": "0.1",
     "SMTHRS_WAIT_POLL_S": "0.05",
     "SMTHRS_WAIT_BUDGET_S": "120",
+    # The marks name the process that ran each body: the flow process itself, not an isolated child of it.
+    "SMTHRS_ISOLATION": "thread",
 }
 
 
@@ -77,7 +79,7 @@ def test_a_flow_killed_mid_sleep_is_stolen_by_a_worker_and_wakes_at_its_original
     tmp_path: Path, db_url: str, procs: list[subprocess.Popen[str]]
 ) -> None:
     (tmp_path / "napflow.py").write_text(FLOW_PY)
-    marks = tmp_path / "marks.txt"
+    marks = tmp_path.parent / f"{tmp_path.name}-marks.txt"  # outside the workspace (an undeclared output there)
     env = {
         **os.environ,
         **FAST,
@@ -128,7 +130,7 @@ def test_sigterm_while_a_worker_drives_a_prefect_flow_releases_the_run_and_exits
         **FAST,
         "SMTHRS_WORKSPACE": str(tmp_path),
         "SMTHRS_DB_URL": db_url,
-        "MARKS": str(tmp_path / "marks.txt"),
+        "MARKS": str(tmp_path.parent / f"{tmp_path.name}-marks.txt"),
     }
     argv = ["worker", "--flow", "napflow:napper", "--run", "nap-9", "--param", "label=v9", "--param", "seconds=600"]
     worker = subprocess.Popen(

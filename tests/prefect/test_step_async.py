@@ -289,7 +289,7 @@ def test_readme_async_step_example_runs(
     @sp.step(reads=["data/raw.csv"], writes=["data/summary.txt"])
     async def summarize(ws: sp.Workspace, title: str) -> dict:
         rows = (ws / "data/raw.csv").read_text().split()
-        await asyncio.sleep(0.01)  # an awaited call (HTTP, database) runs on the flow's event loop
+        await asyncio.sleep(0.01)  # an awaited call (HTTP, database): concurrent awaits overlap
         (ws / "data/summary.txt").write_text(f"{title}: {len(rows)} rows\n")
         return {"rows": len(rows)}
 

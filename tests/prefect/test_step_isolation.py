@@ -381,7 +381,9 @@ def test_a_child_s_run_logger_reaches_the_task_run_logger(flow_ws: Path) -> None
     collect = _Collect()
     task_logger = logging.getLogger("prefect.task_runs")
     level = task_logger.level
-    task_logger.setLevel(logging.INFO)  # the forked child inherits the level: its INFO record is made and relayed
+    task_logger.setLevel(
+        logging.INFO
+    )  # the forked child inherits the level: its INFO record is made and relayed
     task_logger.addHandler(collect)
     try:
         out = shout_flow("hi")
@@ -435,7 +437,9 @@ def test_cancelling_an_async_step_kills_its_child(flow_ws: Path, tmp_path: Path)
     asyncio.run(cancelled())
     child = int(marker.read_text())
     end = time.monotonic() + 60
-    while os.path.exists(f"/proc/{child}") and Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z":
+    while (
+        os.path.exists(f"/proc/{child}") and Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z"
+    ):
         assert time.monotonic() < end, "the cancelled body's child is still running"
         time.sleep(0.01)
 
@@ -447,3 +451,27 @@ def test_an_unknown_isolation_is_refused_at_decoration_and_with_options_takes_a_
         sp.step(isolation="sandbox")(lambda x: x)
     assert err.value.code == "invalid_declaration" and "namespace" in err.value.message
     assert shout.with_options(isolation="thread").step_spec.isolation == "thread"
+
+
+@sp.step(timeout_seconds=3)
+def hangs(marker: str) -> None:
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(3600)  # the body blocks; Prefect's timeout ends the task run
+
+
+def test_a_timed_out_sync_step_kills_its_child(flow_ws: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "hang-started"
+
+    @flow(persist_result=False)
+    def timed_out() -> None:
+        hangs(str(marker))
+
+    with pytest.raises(TimeoutError):
+        timed_out()
+    child = int(marker.read_text())
+    end = time.monotonic() + 60
+    while (
+        os.path.exists(f"/proc/{child}") and Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z"
+    ):
+        assert time.monotonic() < end, "the timed-out body's child is still running"
+        time.sleep(0.01)

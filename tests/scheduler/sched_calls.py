@@ -14,7 +14,8 @@ def peek(ni: Any, path: str) -> dict[str, Any]:
     ``out/peeked.txt`` by an absolute path under the workspace."""
     import os
 
-    text = open(path).read()
+    with open(path) as f:
+        text = f.read()
     os.makedirs("out", exist_ok=True)
     with open(os.path.join(os.getcwd(), "out", "peeked.txt"), "w") as f:
         f.write(text.upper())

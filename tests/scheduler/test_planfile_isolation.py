@@ -13,7 +13,8 @@ import smthrs_plugin as sp
 from smthrs_plugin.boundary import namespace_available
 
 needs_namespace = pytest.mark.skipif(
-    not namespace_available() and os.environ.get("CI") != "true", reason="this kernel refuses mount namespaces"
+    not namespace_available() and os.environ.get("CI") != "true",
+    reason="this kernel refuses mount namespaces",
 )
 
 
