@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,33 @@ def step_outcomes(workspace: Path) -> list[str]:
             for e in rt.journal.read(r.run_id)
             if e.type == "step-settled"
         )
+
+
+#: The environment variable naming the file step bodies count their runs in (:func:`ran`): outside the workspace,
+#: so it works whatever the body's isolation (a forked child's memory is its own; a file is shared).
+RUNS_LOG = "SMTHRS_TEST_RUNS_LOG"
+
+
+def ran(name: str) -> int:
+    """Count one run of ``name`` (call it from a step body); how many runs of it there were, this one included."""
+    with open(os.environ[RUNS_LOG], "a") as f:
+        f.write(name + "\n")
+    return runs(name)
+
+
+def runs(name: str) -> int:
+    """How many times a body counted ``name`` with :func:`ran`."""
+    log = Path(os.environ[RUNS_LOG])
+    return log.read_text().splitlines().count(name) if log.exists() else 0
+
+
+def counted_workspace(tmp_path: Path, monkeypatch: Any) -> Iterator[Path]:
+    """A workspace ``tmp_path/ws`` holding ``in.txt``, the steps' settings pointing at it, and a runs log beside it."""
+    import smthrs_plugin as sp
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "in.txt").write_text("abc")
+    monkeypatch.setenv(RUNS_LOG, str(tmp_path / "runs.log"))
+    with sp.step_settings(workspace=workspace):
+        yield workspace

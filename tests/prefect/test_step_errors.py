@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _prefect_support import counted_workspace, ran, runs
 from prefect import flow
 
 import smthrs_plugin as sp
@@ -24,54 +24,42 @@ from smthrs_plugin.hosts._steprun import current_spec
 
 pytestmark = pytest.mark.prefect
 
+
 #: The environment variable naming where bodies count their runs (set per test, outside its workspace). Not a
 #: module global: a step's key folds the plain constants its code names, and one set per test would change it.
-RUNS_LOG = "SMTHRS_TEST_RUNS_LOG"
-
-
-def _ran(name: str) -> None:
-    with open(os.environ[RUNS_LOG], "a") as f:
-        f.write(name + "\n")
-
-
-def _runs(name: str) -> int:
-    log = Path(os.environ[RUNS_LOG])
-    return log.read_text().splitlines().count(name) if log.exists() else 0
-
-
 @sp.step(reads=["in.txt"])
 def second(prefix: str, ws: sp.Workspace, suffix: str = "!") -> str:
-    _ran("second")
+    ran("second")
     return prefix + (ws / "in.txt").read_text() + suffix
 
 
 @sp.step(reads=["in.txt"])
 def keyword_only(prefix: str, *, ws: sp.Workspace, times: int = 1) -> str:
-    _ran("keyword_only")
+    ran("keyword_only")
     return prefix + (ws / "in.txt").read_text() * times
 
 
 @sp.step(reads=["data/raw.csv"])
 def typo(ws: sp.Workspace) -> int:
-    _ran("typo")
+    ran("typo")
     return len((ws / "data/raw.csv").read_text())
 
 
 @sp.step(reads=["data/*.csv"])
 def globbed(ws: sp.Workspace) -> int:
-    _ran("globbed")
+    ran("globbed")
     return len(list((ws / "data").glob("*.csv"))) if (ws / "data").exists() else 0
 
 
 @sp.step
 def add(a: Any, b: int) -> int:
-    _ran("add")
+    ran("add")
     return 1
 
 
 @sp.step
 async def add_async(a: Any, b: int) -> int:
-    _ran("add")
+    ran("add")
     return 1
 
 
@@ -81,25 +69,20 @@ class Opaque:
 
 @sp.step
 def opaque() -> Opaque:
-    _ran("opaque")
+    ran("opaque")
     return Opaque()
 
 
 @sp.step(writes=["report.txt"], cache_value=False)
 def report(ws: sp.Workspace, title: str) -> Opaque:
-    _ran("report")
+    ran("report")
     (ws / "report.txt").write_text(title)
     return Opaque()  # not cached: every call returns None
 
 
 @pytest.fixture
 def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "in.txt").write_text("abc")
-    monkeypatch.setenv(RUNS_LOG, str(tmp_path / "runs.log"))
-    with sp.step_settings(workspace=workspace):
-        yield workspace
+    yield from counted_workspace(tmp_path, monkeypatch)
 
 
 def test_the_workspace_parameter_is_not_a_task_parameter_in_any_position() -> None:
@@ -129,7 +112,7 @@ def test_a_workspace_in_second_or_keyword_only_position_receives_the_sandbox(ws:
 
     assert both() == ["<abc!", "<abc?", ">abcabc"]
     assert both() == ["<abc!", "<abc?", ">abcabc"]  # all hits
-    assert (_runs("second"), _runs("keyword_only")) == (2, 1)
+    assert (runs("second"), runs("keyword_only")) == (2, 1)
 
 
 def test_two_workspace_parameters_are_refused() -> None:
@@ -142,7 +125,7 @@ def test_two_workspace_parameters_are_refused() -> None:
     assert err.value.code == "invalid_declaration" and "a, b" in err.value.message
 
 
-def test_a_declared_read_that_does_not_exist_is_refused_before_the_body_runs(ws: Path) -> None:
+def test_a_declared_read_that_does_not_exist_is_refused_before_the_bodyruns(ws: Path) -> None:
     @flow(persist_result=False)
     def uses_typo() -> int:
         return typo()
@@ -154,17 +137,17 @@ def test_a_declared_read_that_does_not_exist_is_refused_before_the_body_runs(ws:
         f"step {typo.step_spec.identity} declares reads=['data/raw.csv'] but data/raw.csv does not exist in the"
         f" workspace {ws}"
     )
-    assert _runs("typo") == 0  # the body never ran
+    assert runs("typo") == 0  # the body never ran
     rt = current_spec().open()
     assert all(e.type != "step-settled" for r in rt.runs.list() for e in rt.journal.read(r.run_id))
 
     (ws / "data").mkdir()
     (ws / "data/raw.csv").write_text("1,2\n")
-    assert uses_typo() == 4 and _runs("typo") == 1
+    assert uses_typo() == 4 and runs("typo") == 1
 
 
 def test_a_glob_that_matches_nothing_is_not_a_missing_read(ws: Path) -> None:
-    assert globbed() == 0 and _runs("globbed") == 1
+    assert globbed() == 0 and runs("globbed") == 1
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -184,7 +167,7 @@ def test_a_refusal_is_logged_once_and_still_raised_typed(
     with pytest.raises(CacheError) as err:
         bad() if kind == "sync" else asyncio.run(bad_async())
     assert err.value.code == "key_uncomputable" and err.value.details["argument"] == "a"
-    assert _runs("add") == 0
+    assert runs("add") == 0
 
     formatter = logging.Formatter()
 
@@ -210,7 +193,7 @@ def test_a_return_value_no_codec_stores_fails_the_first_build_typed(ws: Path) ->
     assert rt.dispatcher.local.rows(subject=opaque.step_spec.identity) == []  # nothing cached
     with pytest.raises(CacheError):
         opaque()
-    assert _runs("opaque") == 2
+    assert runs("opaque") == 2
 
 
 def test_cache_value_false_caches_the_outputs_and_every_call_returns_none(ws: Path) -> None:
@@ -219,4 +202,4 @@ def test_cache_value_false_caches_the_outputs_and_every_call_returns_none(ws: Pa
     (ws / "report.txt").unlink()
     assert report("q1") is None  # a hit: the output replayed, the body not run
     assert (ws / "report.txt").read_text() == "q1"
-    assert _runs("report") == 1
+    assert runs("report") == 1

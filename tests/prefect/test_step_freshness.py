@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _prefect_support import counted_workspace, ran, runs
 from prefect import flow
 from prefect.cache_policies import INPUTS, NO_CACHE
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
@@ -29,42 +29,29 @@ from smthrs_plugin.hosts._steprun import current_spec
 pytestmark = pytest.mark.prefect
 
 HOUR = dt.timedelta(hours=1)
+
+
 #: The environment variable naming where bodies count their runs (set per test, outside its workspace). Not a
 #: module global: a step's key folds the plain constants its code names, and one set per test would change it.
-RUNS_LOG = "SMTHRS_TEST_RUNS_LOG"
-
-
-def _ran(name: str) -> int:
-    """Count one run of ``name``; returns how many runs of it there were (this one included)."""
-    with open(os.environ[RUNS_LOG], "a") as f:
-        f.write(name + "\n")
-    return _runs(name)
-
-
-def _runs(name: str) -> int:
-    log = Path(os.environ[RUNS_LOG])
-    return log.read_text().splitlines().count(name) if log.exists() else 0
-
-
 @sp.step(reads=["in.txt"], cache_expiration=HOUR)
 def hourly(ws: sp.Workspace, tag: str) -> dict:
-    return {"tag": tag, "text": (ws / "in.txt").read_text(), "run": _ran("hourly")}
+    return {"tag": tag, "text": (ws / "in.txt").read_text(), "run": ran("hourly")}
 
 
 @sp.step
 def counter(tag: str) -> int:
-    return _ran("counter")
+    return ran("counter")
 
 
 @sp.step(cache_exclude=["client", "log"])
 def query(sql: str, client: Any, log: Any = None) -> str:
-    _ran("query")
+    ran("query")
     return client.run(sql)
 
 
 @sp.step(cache_policy=NO_CACHE, writes=["stamp.txt"])
 def stamp(ws: sp.Workspace, text: str) -> str:
-    n = _ran("stamp")
+    n = ran("stamp")
     (ws / "stamp.txt").write_text(f"{text} {n}")
     return text
 
@@ -81,12 +68,7 @@ class Client:
 
 @pytest.fixture
 def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    (workspace / "in.txt").write_text("abc")
-    monkeypatch.setenv(RUNS_LOG, str(tmp_path / "runs.log"))
-    with sp.step_settings(workspace=workspace):
-        yield workspace
+    yield from counted_workspace(tmp_path, monkeypatch)
 
 
 def _on_clock(clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -167,7 +149,7 @@ def test_an_expired_shared_entry_is_not_served_and_the_rebuild_replaces_it(
     with sp.step_settings(workspace=ws, db=f"sqlite:///{tmp_path / 'third.db'}"):
         _on_clock(clock, monkeypatch)
         assert hourly("s")["run"] == 2
-    assert _runs("hourly") == 2
+    assert runs("hourly") == 2
 
 
 def test_cache_expiration_is_not_part_of_the_key(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,9 +203,9 @@ def test_an_excluded_argument_reaches_the_body_but_not_the_key(ws: Path) -> None
     assert query("select 1", Client("a")) == "rows of select 1"
     # Another client (no key form at all: it is never keyed), another log: the same entry.
     assert query("select 1", Client("b"), log=object()) == "rows of select 1"
-    assert _runs("query") == 1
+    assert runs("query") == 1
     assert query("select 2", Client("a")) == "rows of select 2"  # a keyed argument changed: built
-    assert _runs("query") == 2
+    assert runs("query") == 2
 
 
 def test_cache_exclude_names_must_be_parameters() -> None:
@@ -257,7 +239,7 @@ def test_no_cache_always_runs_stores_nothing_and_still_copies_back(ws: Path) -> 
         return str(flow_run.id)
 
     flow_run_id = stamped()
-    assert _runs("stamp") == 2
+    assert runs("stamp") == 2
     assert (ws / "stamp.txt").read_text() == "x 2"  # the sandbox's write was copied back
     rt = current_spec().open()
     settled = [e.payload for e in rt.journal.read(f"prefect-{flow_run_id}") if e.type == "step-settled"]
@@ -281,7 +263,7 @@ def test_other_prefect_caching_options_are_still_refused(options: dict[str, Any]
     assert again.value.code == "invalid_declaration"
 
 
-def test_readme_freshness_example_runs(
+def test_readme_freshness_exampleruns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
