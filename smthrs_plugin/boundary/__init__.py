@@ -31,12 +31,10 @@ from ._isolate import (
     IsolationKind,
     UndeclaredPath,
     command_preexec,
-    in_isolated_child,
     isolation_ran,
     namespace_available,
     record_isolation,
     resolve_isolation,
-    run_isolated,
 )
 from ._measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
 from ._replay import Replayed, replay_outputs
@@ -72,7 +70,6 @@ __all__ = [
     "check_read_set",
     "command_preexec",
     "diff_identity",
-    "in_isolated_child",
     "isolation_ran",
     "namespace_available",
     "prepare",
@@ -81,7 +78,6 @@ __all__ = [
     "replay_outputs",
     "resolve_isolation",
     "run_in_sandbox",
-    "run_isolated",
     "settle",
     "sha256_file",
 ]

@@ -57,6 +57,7 @@ from typing import Any, Literal, NoReturn, get_args
 
 from ..errors import BoundaryError, BoundaryRefusal
 from ..plan._fileset import entry_matches
+from ..settings import Isolation  # what a step or node asks for: one definition
 from ._boundary import Declaration
 
 __all__ = [
@@ -65,10 +66,8 @@ __all__ = [
     "IsolationKind",
     "IsolatedCall",
     "resolve_isolation",
-    "run_isolated",
     "namespace_available",
     "command_preexec",
-    "in_isolated_child",
     "isolation_ran",
     "record_isolation",
     "UndeclaredPath",
@@ -76,8 +75,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What a step or node asks for: ``auto`` is ``namespace`` where the kernel allows it, else ``process``.
-Isolation = Literal["auto", "namespace", "process", "thread"]
 #: What actually ran (journaled with every build).
 IsolationKind = Literal["namespace", "process", "thread"]
 ISOLATIONS: tuple[str, ...] = get_args(Isolation)
@@ -108,7 +105,6 @@ _RAN: contextvars.ContextVar[str | None] = contextvars.ContextVar("smthrs_isolat
 _LIBC: Any = None
 _PROBE: dict[str, bool] = {}
 _PROBE_LOCK = threading.Lock()
-_IN_CHILD = False
 #: The kind a degraded ``auto`` was told about, once per process (the journal says it on every build).
 _WARNED: set[str] = set()
 
@@ -128,11 +124,6 @@ def record_isolation(kind: str | None) -> None:
 def isolation_ran() -> str | None:
     """The isolation the last body dispatched in this context ran under, if one ran."""
     return _RAN.get()
-
-
-def in_isolated_child() -> bool:
-    """True inside a forked isolated body (an async body's coroutine is then run on a loop of its own)."""
-    return _IN_CHILD
 
 
 # -- choosing ---------------------------------------------------------------------------------------------------
@@ -666,19 +657,6 @@ class IsolatedCall:
         )
 
 
-def run_isolated(
-    body: Callable[[], Any],
-    *,
-    workspace: str | os.PathLike[str],
-    sandbox_root: str | os.PathLike[str],
-    declaration: Declaration,
-    kind: IsolationKind,
-    subject: str = "",
-) -> Any:
-    """``body()`` run as ``kind`` (:class:`IsolatedCall` with no cancellation)."""
-    return IsolatedCall(workspace, sandbox_root, declaration, kind, subject=subject).run(body)
-
-
 def _pidfd(pid: int) -> int | None:
     opener = getattr(os, "pidfd_open", None)
     if opener is None:  # pragma: no cover - Linux < 5.3 or not Linux: polled by the bounded poll
@@ -708,11 +686,9 @@ def _set_pdeathsig() -> None:
 def _child(  # pragma: no cover - the forked child
     call: IsolatedCall, body: Callable[[], Any], w: int, result_fd: int, packages: list[list[Any]]
 ) -> NoReturn:
-    global _IN_CHILD
     # Everything alive now moves out of the collector's reach: a collection in the child would otherwise touch
     # (and so copy) every object of the parent's heap.
     gc.freeze()
-    _IN_CHILD = True
     code = 0
     try:
         parent = os.getppid()

@@ -245,6 +245,9 @@ class CacheDispatcher:
     def dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
         """Serve ``request`` from the cache or run ``execute(sandbox_root)``; see the module invariants."""
         self._check(request)
+        record_isolation(
+            None
+        )  # a hit runs no body: nothing from an earlier dispatch in this context may show
         try:
             with self.metrics.observe_dispatch():
                 with KEY_LOCKS.hold(key_digest(request.key)):
@@ -606,7 +609,6 @@ class CacheDispatcher:
         mode: SandboxMode = (
             "whole-tree" if "whole-tree" in (request.sandbox, self.sandbox_mode) else "hermetic"
         )
-        record_isolation(None)
         try:
             with timer("execute"), self.metrics.observe_sandbox_execution():
                 settled: SandboxResult[Any] = run_in_sandbox(

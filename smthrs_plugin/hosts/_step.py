@@ -87,7 +87,7 @@ from typing import Any, TypeVar
 import prefect
 from prefect.cache_policies import NO_CACHE
 
-from ..boundary import ISOLATIONS, IsolatedCall, record_isolation, resolve_isolation
+from ..boundary import ISOLATIONS, IsolatedCall, isolation_ran, record_isolation, resolve_isolation
 from ..cache._requests import declaration_of
 from ..canonical import canonical_bytes
 from ..codecs import HOOK_NAME, CodecRegistry
@@ -210,7 +210,6 @@ class _StepSpec:
         #: The parameter the body receives its :class:`Workspace` in, whatever its position (never an argument of
         #: the call, never keyed), or None. ``_workspace_at``: its index when it is positional.
         self.workspace_param: str | None = named[0] if named else None
-        self.takes_workspace = self.workspace_param is not None
         self._workspace_at: int | None = next(
             (
                 i
@@ -435,18 +434,14 @@ def _dispatch(
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
-    ran: list[str] = []  # the isolation the body ran under (a hit runs none)
-
     def execute(root: Path) -> Any:
         if target is not None:
-            ran.append("remote")
             record_isolation("remote")
             shipped = StepBody(
                 spec.fn, spec.workspace_param, spec._workspace_at, tuple(bound.args), dict(bound.kwargs)
             )
             return target.run(f"{spec.name} · remote", shipped, root)
         kind = resolve_isolation(spec.isolation or rt.settings.isolation, subject=spec.identity)
-        ran.append(kind)
         call = IsolatedCall(rt.workspace, root, request.declaration, kind, subject=spec.identity)
         # In a namespace the workspace's own path shows the sandbox (the sandbox path itself may be hidden).
         view = Path(rt.workspace) if kind == "namespace" else root
@@ -467,7 +462,7 @@ def _dispatch(
             return call.run(body)
 
     result = rt.dispatcher.dispatch(request, execute)
-    payload = _payload(spec, result, attempt, task_run_id, ran[-1] if ran else None)
+    payload = _payload(spec, result, attempt, task_run_id, isolation_ran())
     record_settled(rt, ctx.run_id, ctx.owner, payload, hit=result.outcome == "clean")
     # A hit returned as OUR Cached state inside a task run: that state (its message names the key) is what
     # Prefect shows and records for the call; a smthrs.step.clean event would say it a second time.
