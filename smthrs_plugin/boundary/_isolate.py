@@ -45,9 +45,11 @@ import logging
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -93,9 +95,13 @@ _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_NOEXEC = 8
 _MS_REMOUNT = 32
+_MS_NOATIME = 1024
+_MS_NODIRATIME = 2048
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_MS_RELATIME = 1 << 21
+_MS_STRICTATIME = 1 << 24
 _PR_SET_PDEATHSIG = 1
 
 #: The isolation the body of the current dispatch ran under (set by :meth:`IsolatedCall.run` in the dispatching
@@ -129,33 +135,49 @@ def isolation_ran() -> str | None:
 # -- choosing ---------------------------------------------------------------------------------------------------
 
 
-def namespace_available() -> bool:
-    """Whether this process may give a child its own mount namespace (probed once: a forked child tries)."""
+def namespace_available(workspace: str | os.PathLike[str] | None = None) -> bool:
+    """Whether this process may give a child its own mount namespace showing a sandbox over ``workspace`` (or
+    over a scratch directory when none is named). Probed once per workspace by a forked child that sets up
+    exactly the view a body gets — unsharing alone is not enough: a kernel or security module may allow the
+    namespace and still refuse the bind mounts, and a workspace's own mount may refuse them where another
+    allows them."""
+    key = os.path.abspath(os.fspath(workspace)) if workspace is not None else ""
     with _PROBE_LOCK:
-        known = _PROBE.get("namespace")
+        known = _PROBE.get(key)
         if known is None:
-            known = _PROBE["namespace"] = _probe_namespace()
+            known = _PROBE[key] = _probe_namespace(key or None)
         return known
 
 
-def _probe_namespace() -> bool:
+def _probe_namespace(workspace: str | None) -> bool:
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
-    _flush_stdio()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child's exit status is the answer
-        ok = 1
-        with contextlib.suppress(BaseException):
-            _unshare()
-            _mount(None, "/", _MS_REC | _MS_PRIVATE)  # what every isolated child does first
-            ok = 0
-        os._exit(ok)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    scratch = tempfile.mkdtemp(prefix="smthrs-probe-")
+    try:
+        shown = os.path.join(scratch, "shown")
+        os.mkdir(shown)
+        if workspace is None:
+            workspace = os.path.join(scratch, "ws")
+            os.makedirs(os.path.join(workspace, _BOUND_BACK[0]))  # the read-only rebind is probed too
+        _libc()  # loaded here: a forked child of a threaded process must not run the dynamic loader
+        _flush_stdio()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's exit status is the answer
+            ok = 1
+            with contextlib.suppress(BaseException):
+                enter_view(workspace, shown)
+                ok = 0
+            os._exit(ok)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def resolve_isolation(choice: str, *, subject: str = "") -> IsolationKind:
-    """The kind a choice runs as here. ``namespace`` where namespaces are refused is
+def resolve_isolation(
+    choice: str, *, subject: str = "", workspace: str | os.PathLike[str] | None = None
+) -> IsolationKind:
+    """The kind a choice runs as here (for bodies over ``workspace``). ``namespace`` where namespaces are refused is
     ``BoundaryError(isolation_unavailable)`` (never a silent downgrade); ``auto`` falls back to ``process`` and
     says so once per process (and on every build's journal record)."""
     if choice not in ISOLATIONS:
@@ -171,7 +193,7 @@ def resolve_isolation(choice: str, *, subject: str = "") -> IsolationKind:
         if not forks:
             raise _unavailable("process", subject, "this platform cannot fork a child process")
         return "process"
-    if namespace_available():
+    if namespace_available(workspace):
         return "namespace"
     if choice == "namespace":
         raise _unavailable(
@@ -384,6 +406,23 @@ def _mount(src: str | None, target: str, flags: int) -> None:
     _check(rc, f"mount {src} -> {target}")
 
 
+def _locked_flags(target: str) -> int:
+    """The flags a bind remount of ``target`` must repeat: inside a user namespace the kernel refuses (EPERM) a
+    remount that would drop nosuid/nodev/noexec or change the atime mode of a mount it inherited."""
+    f = os.statvfs(target).f_flag
+    flags = (
+        (_MS_NOSUID if f & os.ST_NOSUID else 0)
+        | (_MS_NODEV if f & os.ST_NODEV else 0)
+        | (_MS_NOEXEC if f & os.ST_NOEXEC else 0)
+        | (_MS_NODIRATIME if f & os.ST_NODIRATIME else 0)
+    )
+    if f & os.ST_NOATIME:
+        return flags | _MS_NOATIME
+    if f & os.ST_RELATIME:
+        return flags | _MS_RELATIME
+    return flags | _MS_STRICTATIME
+
+
 def enter_view(workspace: str, sandbox_root: str) -> int:
     """In this (single-threaded, forked) process: a private mount namespace in which ``workspace`` shows
     ``sandbox_root``. Returns a descriptor of the real workspace (for imports; never a plain path)."""
@@ -400,14 +439,7 @@ def enter_view(workspace: str, sandbox_root: str) -> int:
         target = os.path.join(workspace, name)
         os.makedirs(target, exist_ok=True)  # the mount point, in the sandbox root; removed after the body
         _mount(src, target, _MS_BIND | _MS_REC)
-        st = os.statvfs(target)
-        # A remount must keep the flags the mount is locked with inside a user namespace.
-        keep = (
-            (_MS_NOSUID if st.f_flag & os.ST_NOSUID else 0)
-            | (_MS_NODEV if st.f_flag & os.ST_NODEV else 0)
-            | (_MS_NOEXEC if st.f_flag & os.ST_NOEXEC else 0)
-        )
-        _mount(None, target, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | keep)
+        _mount(None, target, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _locked_flags(target))
     return real
 
 

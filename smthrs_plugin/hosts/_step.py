@@ -441,7 +441,9 @@ def _dispatch(
                 spec.fn, spec.workspace_param, spec._workspace_at, tuple(bound.args), dict(bound.kwargs)
             )
             return target.run(f"{spec.name} · remote", shipped, root)
-        kind = resolve_isolation(spec.isolation or rt.settings.isolation, subject=spec.identity)
+        kind = resolve_isolation(
+            spec.isolation or rt.settings.isolation, subject=spec.identity, workspace=rt.workspace
+        )
         call = IsolatedCall(rt.workspace, root, request.declaration, kind, subject=spec.identity)
         # In a namespace the workspace's own path shows the sandbox (the sandbox path itself may be hidden).
         view = Path(rt.workspace) if kind == "namespace" else root

@@ -179,7 +179,7 @@ class PlanFileExecutor:
             return None
         # The variable Settings.isolation reads, without parsing every setting once per node.
         choice = self.isolation if self.isolation is not None else os.environ.get("SMTHRS_ISOLATION", "auto")
-        return resolve_isolation(choice, subject=f"node {ni.id}")
+        return resolve_isolation(choice, subject=f"node {ni.id}", workspace=ni.workspace)
 
 
 def _run_command(ni: NodeInput, cmd: str, *, namespace: bool = False) -> dict[str, Any]:
