@@ -75,6 +75,7 @@ BOUNDS = frozenset(
         "entries",
         "idempotency_key",
         "plain_data",
+        "duplicate_member",
         "cycle",
         "number",
         "well_formed_text",
