@@ -2,8 +2,9 @@
 request bodies, the CLI's JSON arguments, remote workers' frames and deltas.
 
 Invariants
-- **Bounded before parsing.** A document over ``max_bytes`` is refused by its length, before a parser sees it; so
-  memory is bounded by the cap (a parsed document costs a small multiple of its text).
+- **Bounded before parsing.** A document over ``max_bytes`` is refused by its length, before a parser sees it, and
+  one with more containers and strings than an eighth of the cap by a count of their opening characters; so what
+  parsing allocates is a small multiple of the cap.
 - **Every refusal is typed**: :class:`~smthrs_plugin.errors.InvalidInput` with a ``bound`` naming the limit and a
   message saying what to send instead — never ``RecursionError``, ``MemoryError``-by-design, ``UnicodeDecodeError``
   or ``ValueError`` from ``int()``'s digit limit leaking to the caller.
@@ -66,6 +67,17 @@ def decode_json(
         raw = bytes(data)
     if len(raw) > max_bytes:
         raise _too_large(what, len(raw), max_bytes)
+    # Parsed, a container or a string costs ~60 bytes however short its text ("[]," is 3): counting their
+    # opening characters (C-speed, conservative inside strings) bounds what parsing may allocate to a small
+    # multiple of the text.
+    items = raw.count(b"[") + raw.count(b"{") + raw.count(b'"') // 2
+    if items > max(1024, max_bytes // 8):
+        raise _refuse(
+            "values",
+            what,
+            f"holds about {items} containers and strings, more than a {max_bytes}-byte document may; send fewer",
+            limit=max(1024, max_bytes // 8),
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

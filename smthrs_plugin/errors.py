@@ -209,6 +209,8 @@ class ArtifactError(SmthrsError):
         "invalid_digest",
         "invalid_url",
         "invalid_name",
+        "too_large",
+        "not_a_file",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,10 @@ from typing import IO, Any, Union
 #: ``progress(bytes_done, total_bytes_or_None)``; called from the transferring thread.
 ProgressFn = Callable[[int, Union[int, None]], None]
 CHUNK = 4 * 2**20
+
+
+class NotARegularFile(OSError):
+    """A path that should hold a document holds something else (a FIFO, a device, a directory)."""
 
 
 class Backend:
@@ -48,6 +53,10 @@ class Backend:
 
     def read(self, path: str) -> bytes:
         return bytes(self.fs.cat_file(path))
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        """At most ``limit + 1`` bytes of ``path`` (one more than allowed tells the caller it is too large)."""
+        return bytes(self.fs.cat_file(path, start=0, end=limit + 1))
 
     def open_read(self, path: str) -> IO[bytes]:
         return self.fs.open(path, "rb")  # type: ignore[no-any-return]
@@ -129,6 +138,18 @@ class LocalBackend(Backend):
     def read(self, path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
+
+    def read_bounded(self, path: str, limit: int) -> bytes:
+        # Non-blocking and checked before reading: a FIFO or device planted at an entry's name must not hang
+        # or flood the reader.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotARegularFile(path)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read(limit + 1)
+        finally:
+            os.close(fd)
 
     def exists(self, path: str) -> bool:
         return os.path.isfile(path)

@@ -39,6 +39,7 @@ from ._artifact_backends import (
     Backend,
     LocalBackend,
     MemoryBackend,
+    NotARegularFile,
     ProgressFn,
     S3Backend,
     hash_stream,
@@ -48,6 +49,7 @@ from ._artifact_backends import (
 
 __all__ = [
     "ArtifactStore",
+    "MAX_ENTRY_BYTES",
     "ProgressFn",
     "Created",
     "Existing",
@@ -60,6 +62,10 @@ __all__ = [
     "BlobCheck",
     "is_digest",
 ]
+
+#: The largest entry document a reader accepts: room for the largest honest entry (8 MiB of inline outputs,
+#: base64-encoded, plus the value and provenance); the publisher refuses to publish a larger one.
+MAX_ENTRY_BYTES = 32 * 1024 * 1024
 
 
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}\Z")
@@ -508,16 +514,37 @@ class ArtifactStore:
             name=name,
         )
 
-    def get_entry(self, name: str) -> bytes | None:
-        """The entry's bytes, or ``None`` when there is none."""
+    def get_entry(self, name: str, *, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
+        """The entry's bytes, or ``None`` when there is none. Read bounded: an entry over ``max_bytes`` is
+        ``ArtifactError(too_large)`` and anything but a regular file ``ArtifactError(not_a_file)`` — whoever can
+        write the store can plant either, and neither may exhaust or hang the reader."""
         path = self.entry_path(name)
         be = self._be()
         try:
-            return be.read(path)
+            data = be.read_bounded(path, max_bytes)
         except FileNotFoundError:
             return None
+        except NotARegularFile as exc:
+            raise ArtifactError(
+                "not_a_file",
+                f"entry {name} in {self._url} is not a regular file; remove it (smthrs cache verify lists it)",
+                name=name,
+            ) from exc
+        except IsADirectoryError as exc:
+            raise ArtifactError(
+                "not_a_file", f"entry {name} in {self._url} is a directory; remove it", name=name
+            ) from exc
         except Exception as exc:
             raise _unavailable(self._url, f"read entry {name}", exc) from exc
+        if len(data) > max_bytes:
+            raise ArtifactError(
+                "too_large",
+                f"entry {name} in {self._url} is larger than {max_bytes} bytes, more than any honest entry; "
+                "remove it (smthrs cache verify lists it)",
+                name=name,
+                limit=max_bytes,
+            )
+        return data
 
     def list_entries(self) -> list[str]:
         """Every entry name, sorted."""
