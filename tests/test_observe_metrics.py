@@ -183,7 +183,7 @@ def test_admissions_and_conflicts_carry_no_attribute(wired: tuple[Metrics, InMem
     assert read(reader) == {bare(SCHEDULER_ADMISSIONS): 2, bare(SANDBOX_CONFLICTS): 1}
 
 
-def test_every_instrument_uses_the_smthrs_engine_prefix_and_durations_are_seconds(
+def test_every_instrument_uses_the_flows_engine_prefix_and_durations_are_seconds(
     wired: tuple[Metrics, InMemoryMetricReader],
 ) -> None:
     metrics, reader = wired
@@ -204,7 +204,7 @@ def test_every_instrument_uses_the_smthrs_engine_prefix_and_durations_are_second
     found = {mt.name: mt.unit for rm in data.resource_metrics for sm in rm.scope_metrics for mt in sm.metrics}
     assert set(found) == set(INSTRUMENT_NAMES)
     assert len(INSTRUMENT_NAMES) == 13
-    assert all(n.startswith("smthrs_engine_") for n in found)
+    assert all(n.startswith("flows_engine_") for n in found)
     durations = {
         DISPATCH_DURATION,
         SCHEDULER_DISPATCH_DURATION,
@@ -536,8 +536,8 @@ from smthrs_plugin.engine.waits._wakebus import WakeBus
 
 reader = InMemoryMetricReader()                      # any reader/exporter the host chooses
 metrics = Metrics(MeterProvider(metric_readers=[reader]))
-metrics.cache_decision("VerifiedHit")                # smthrs_engine_step_cache_decisions{outcome="verified_hit"}
-with metrics.observe_dispatch():                     # one duration + smthrs_engine_dispatches{outcome="success"}
+metrics.cache_decision("VerifiedHit")                # flows_engine_step_cache_decisions{outcome="verified_hit"}
+with metrics.observe_dispatch():                     # one duration + flows_engine_dispatches{outcome="success"}
     pass
 
 bus, committed = WakeBus(), threading.Event()        # `committed` stands in for a durable row

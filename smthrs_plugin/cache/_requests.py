@@ -15,7 +15,7 @@ Invariants
 
       key          {"kind": "content"} | {"kind": "run-local", "ordinal": ["plan-node/v1", plan_id, node_id,
                    plan_key], "runId": run_id}      (what decided the key's kind; the run-local key folds only this)
-      body         plan.keys.material_body: version, tier, declaration, effects, nodeKind, ...
+      body         plan.keys.material_body: version, declaration, nondeterministic?, tier?, approval?, wait?
       inputs       {"<index>": {"literal": value}
                               | {"ref": node_id, "path": [...], "digest": key of the projected value}
                               | {"ordering": "ordering-only"}}      (a Ref keyed without its value: no digest)
@@ -170,7 +170,7 @@ def build_request(
         "hermetic": {
             "readSet": [{"path": p, "digest": d} for p, d in measured],
             "writeSet": effects["writes"],
-            "removes": effects["removes"],
+            "removes": effects.get("removes", []),  # the digest's effects omit an empty removal set
             "boundaryMode": effects["boundaryMode"],
         },
         "environment": {"omitted": True} if environment is ABSENT else environment,

@@ -1,11 +1,14 @@
 """``smthrs watch RUN [--follow] [--after-cursor C] [--max-events N] [--json]`` — a run's journal as events.
 
-Invariant: one library entry point (:func:`smthrs_plugin.observe._watch.watch`). Without ``--follow`` the command
-prints the finite snapshot and exits 0: a line per event, or ONE JSON object ``{"run_id", "events", "cursor"}``
-(``cursor`` resumes after the last event; the one given back when there was none). With ``--follow`` the stream
-never ends by itself (Ctrl-C, or ``--max-events``): a line per event, or one JSON object PER LINE per event
-(JSON lines: a stream cannot be one object). Refused input exits 2 before anything is read — so does a run id
-this database has neither a run nor a journal for (``run_not_found``).
+Invariant: one library entry point (:func:`smthrs_plugin.observe._watch.watch`), always called with an explicit
+``follow`` — the command's default is the snapshot (a shell user expects a command to end), while the library's
+default is the live stream. Without ``--follow`` the command prints the finite snapshot and exits 0: a line per
+event, or ONE JSON object ``{"run_id", "events", "cursor"}`` (``cursor`` resumes after the last event; the one
+given back when there was none). With ``--follow`` the stream never ends by itself (Ctrl-C, or
+``--max-events``): a line per event, or one JSON object PER LINE per event (JSON lines: a stream cannot be one
+object). Refused input exits 2 before anything is read — so does a run id
+this database has neither a run nor a journal for (``run_not_found``), and a SQLite database that does not exist
+(a read never creates one).
 
 Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
 """
@@ -18,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption
-from smthrs_plugin.cli._common import db_url as _db_url
+from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.errors import SmthrsError
 
@@ -33,7 +36,12 @@ def register(app: typer.Typer) -> None:
 def watch_run(
     run_id: Annotated[str, typer.Argument(help="The run whose journal to read.", show_default=False)],
     follow: Annotated[
-        bool, typer.Option("--follow", help="Keep streaming new events (Ctrl-C stops).")
+        bool,
+        typer.Option(
+            "--follow",
+            help="Keep streaming new events (Ctrl-C stops). Without it the command prints the snapshot and exits; "
+            "the library's watch() is the other way round: live unless follow=False.",
+        ),
     ] = False,
     after_cursor: Annotated[
         str | None, typer.Option("--after-cursor", help="Resume after the event this cursor names.")
@@ -44,14 +52,14 @@ def watch_run(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Print the journal of RUN_ID as events (snapshot, or live with --follow)."""
+    """Print the journal of RUN_ID as events: the snapshot by default, the live stream with --follow."""
     from smthrs_plugin.observe._watch import require_watchable, watch
     from smthrs_plugin.stores._database import open_database
 
     events: list[dict[str, Any]] = []
     seen = 0
     try:
-        database = open_database(_db_url(db))
+        database = open_database(_existing_db_url(db, "watch"))
         stream = watch(database, run_id, follow=follow, after_cursor=after_cursor)  # input refused first
         require_watchable(database, run_id)
         with stream:

@@ -21,18 +21,26 @@ ownership, claims and heartbeats stay operational store state (a heartbeat never
 cannot encode a valid observation records ``{version: 1, unavailable: "invalid-observation"}``: the marker never
 invents the missing facts (and carries no baseline: it never establishes coverage).
 
-Control lifecycle facts (seed 001 "Versioned lifecycle and approval producer contract"): the control plane's own
-run entries (``control.run.accepted``, ``pending``, ``running``, ``completed``, ``failed``, ``cancelled``,
-``cancel-requested``, ``resume``, ``reclaimed``) add ``{factVersion: 1, baseline, run}`` to their payload, ``run`` being the same
-observation, committed in the transaction of the row change they describe. ``control.run.accepted`` starts the
+Control lifecycle facts (the control plane's versioned producer contract): the control plane's own run entries
+(``control.run.accepted``, ``pending``, ``running``, ``completed``, ``failed``, ``cancelled``, ``cancel-requested``,
+``resume``, ``reclaimed``) add ``{factVersion: 1, baseline, run}`` to their payload, committed in the transaction of
+the row change they describe. ``run`` is the run's SUMMARY in the control plane's own vocabulary, which differs
+from the engine observation above on purpose (a control consumer decodes control names): camelCase members
+``runId``, ``flowId``, ``status``, ``createdAt``, ``updatedAt`` (epoch ms), ``planId``/``planDigest`` (the admitted
+card) and ``ownerId`` (``host/pid/nonce``, only while an owner holds the run) — each optional member absent when it
+does not apply, never null — plus the observation's remaining fields, ``startedAt``, ``finishedAt``,
+``parentRunId``, ``lineageId``, ``roundOrdinal``, ``cancelRequestedAt`` and ``waiting`` (``{reason, wakeAtMs,
+tokenDigest}`` or null). Its ``status`` is a control status (:data:`SUMMARY_STATUSES`): ``accepted`` (admitted, not
+yet driven: the engine's ``pending``), ``running``, ``waiting-approval`` (suspended on a node approval),
+``parked`` (suspended on anything else), ``completed``, ``failed``, ``cancelled``. ``control.run.accepted`` starts the
 ``created`` baseline and is journaled at the fixed address ``(run, ACCEPTED_SOURCE, 0)``; a later lifecycle fact
 of a run admitted before that address existed (an older producer) says ``legacy``. The entries the run driver's
 transitions cause (``running`` on activation, ``completed``/``failed``/``cancelled`` on settlement) are written
 only for a run the control plane admitted (it has a ``control_runs`` row): :func:`control_running_in`,
 :func:`control_settled_in`.
 
-Prior art: seed 004 "Native lifecycle observations" (``executionFact``), seed 001 ``ControlFacts``, the
-transactional outbox pattern.
+Prior art: the reference engine's native lifecycle observations (``executionFact``) and its control plane's
+``ControlFacts`` / ``RunSummary``, the transactional outbox pattern.
 """
 
 from __future__ import annotations
@@ -42,19 +50,22 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..errors import StoreError
-from ..records._control import ACCEPTED_SOURCE, admission_state_in
+from ..records._control import ACCEPTED_SOURCE, admission_in, admission_state_in
 from ..records._journal import Journal
 from ..records._runs import (
     BASELINE_CREATED,
     BASELINE_LEGACY,
     FACT_VERSION,
     observation_of,
-    observed_row_in,
+    row_in,
     status_in,
 )
 
 __all__ = [
     "CONTROL_SETTLED_KINDS",
+    "SUMMARY_STATUSES",
+    "summary_status",
+    "run_summary_in",
     "lifecycle_fact",
     "control_admitted_in",
     "control_baseline_in",
@@ -69,6 +80,65 @@ CONTROL_SETTLED_KINDS = {
     "failed": "control.run.failed",
     "cancelled": "control.run.cancelled",
 }
+
+
+#: The statuses of a lifecycle fact's run summary (the control plane's names, not the engine's).
+SUMMARY_STATUSES = ("accepted", "running", "parked", "waiting-approval", "cancelled", "completed", "failed")
+_APPROVAL_REASON = "waiting-approval"
+
+
+def summary_status(status: str, waiting_reason: str | None) -> str:
+    """The control status of an engine run status (see the module docstring); ``ValueError`` for an unknown one."""
+    if status == "pending":
+        return "accepted"
+    if status == "suspended":
+        return "waiting-approval" if waiting_reason == _APPROVAL_REASON else "parked"
+    if status in ("running", "completed", "failed", "cancelled"):
+        return status
+    raise ValueError(f"unknown run status {status!r}")
+
+
+def run_summary_in(conn: Connection, run_id: str) -> dict[str, Any] | None:
+    """The run summary of ``run_id`` as ``conn`` sees it now (module docstring), None when the row is gone;
+    ``ValueError`` when the row cannot encode one."""
+    row = row_in(conn, run_id)
+    if row is None:
+        return None
+    obs = observation_of(row)  # validates every observed column (ValueError)
+    if type(row.updated_at_ms) is not int:
+        raise ValueError(f"run row {run_id!r} has no valid updated_at_ms")
+    summary: dict[str, Any] = {
+        "runId": obs["run_id"],
+        "flowId": obs["flow"],
+        "status": summary_status(obs["status"], row.waiting_reason),
+    }
+    admission = admission_in(conn, run_id)
+    if admission is not None:
+        summary["planId"] = admission.plan_id
+        summary["planDigest"] = admission.card_digest
+    if obs["status"] == "running" and row.owner_host is not None:
+        summary["ownerId"] = f"{row.owner_host}/{row.owner_pid}/{row.owner_nonce}"
+    waiting = obs["waiting"]
+    summary.update(
+        {
+            "createdAt": obs["created_at_ms"],
+            "updatedAt": row.updated_at_ms,
+            "startedAt": obs["started_at_ms"],
+            "finishedAt": obs["finished_at_ms"],
+            "parentRunId": obs["parent_run_id"],
+            "lineageId": obs["lineage_id"],
+            "roundOrdinal": obs["round_ordinal"],
+            "cancelRequestedAt": obs["cancel_requested_at_ms"],
+            "waiting": None
+            if waiting is None
+            else {
+                "reason": waiting["reason"],
+                "wakeAtMs": waiting["wake_at_ms"],
+                "tokenDigest": waiting["token_digest"],
+            },
+        }
+    )
+    return summary
 
 
 # -- control lifecycle facts -----------------------------------------------------------------------------------
@@ -95,21 +165,21 @@ def control_baseline_in(conn: Connection, run_id: str) -> str:
 
 def lifecycle_fact(conn: Connection, run_id: str, baseline: str) -> dict[str, Any]:
     """``{factVersion: 1, baseline, run}``: what a control lifecycle entry adds to its payload, ``run`` being the
-    run's observation as ``conn`` sees it now (call after the row change, inside its transaction). A row that is
-    gone or cannot encode one gives ``{factVersion: 1, unavailable: ...}``: no baseline, no invented run."""
+    run's summary (:func:`run_summary_in`) as ``conn`` sees it now (call after the row change, inside its
+    transaction). A row that is gone or cannot encode one gives ``{factVersion: 1, unavailable: ...}``: no
+    baseline, no invented run."""
     if baseline not in (BASELINE_CREATED, BASELINE_LEGACY):
         raise StoreError(
             "invalid_argument",
             f"baseline must be {BASELINE_CREATED!r} or {BASELINE_LEGACY!r}, got {baseline!r}",
         )
-    row = observed_row_in(conn, run_id)
-    if row is None:
-        return {"factVersion": FACT_VERSION, "unavailable": "missing-row"}
     try:
-        observation = observation_of(row)
+        summary = run_summary_in(conn, run_id)
     except ValueError:
         return {"factVersion": FACT_VERSION, "unavailable": "invalid-observation"}
-    return {"factVersion": FACT_VERSION, "baseline": baseline, "run": observation}
+    if summary is None:
+        return {"factVersion": FACT_VERSION, "unavailable": "missing-row"}
+    return {"factVersion": FACT_VERSION, "baseline": baseline, "run": summary}
 
 
 def append_control_lifecycle_in(

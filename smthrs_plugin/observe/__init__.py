@@ -1,4 +1,5 @@
-"""Observation of the engine: OpenTelemetry metrics, the journal :func:`watch`, the run catalog (:func:`list_runs`);
+"""Observation of the engine: OpenTelemetry metrics, the journal :func:`watch` (a live stream unless called with
+``follow=False``, which gives a finite snapshot), the run catalog (:func:`list_runs`);
 the namespaces ``observe.snapshot`` (coherent reads of many runs) and ``observe.feed`` (the change feed).
 
 Core code below this package records through the floor-0 port ``smthrs_plugin._metrics`` (``MetricsPort``,

@@ -1,10 +1,9 @@
 """Engine metrics through the OpenTelemetry *API* only: counters dimensioned by ``outcome``, duration histograms.
 
-The shape is the seed's ``EngineStoreMetrics`` (guide "observe-engine-metrics"): every hot path has an
-outcome-dimensioned counter and, where it is an operation rather than a decision, a duration timer. Names keep the
-seed's ``flows_engine_*`` suffixes under this product's prefix (``smthrs_engine_dispatches`` …), so a seed dashboard
-ports by swapping one prefix. A Prometheus exporter adds its own suffixes (``smthrs_engine_dispatches_total``,
-``smthrs_engine_dispatch_duration_seconds``).
+The shape is the reference engine's ``EngineStoreMetrics``: every hot path has an outcome-dimensioned counter and,
+where it is an operation rather than a decision, a duration timer. The instrument names are the reference's own
+``flows_engine_*`` names, unchanged, so a dashboard built on them finds these series without edits. A Prometheus
+exporter adds its own suffixes (``flows_engine_dispatches_total``, ``flows_engine_dispatch_duration_seconds``).
 
 Invariants
 - This package never installs an SDK, a reader or an exporter: wiring metrics to a backend is the host's job.
@@ -90,19 +89,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 METER_NAME = "smthrs_plugin"
 """The instrumentation scope every instrument is created under."""
 
-DISPATCHES = "smthrs_engine_dispatches"
-DISPATCH_DURATION = "smthrs_engine_dispatch_duration"
-SCHEDULER_ADMISSIONS = "smthrs_engine_scheduler_admissions"
-SCHEDULER_DISPATCH_DURATION = "smthrs_engine_scheduler_dispatch_duration"
-SCHEDULER_NODES = "smthrs_engine_scheduler_nodes"
-SANDBOX_EXECUTIONS = "smthrs_engine_sandbox_executions"
-SANDBOX_EXECUTION_DURATION = "smthrs_engine_sandbox_execution_duration"
-SANDBOX_MATERIALIZATIONS = "smthrs_engine_sandbox_materializations"
-SANDBOX_MATERIALIZATION_DURATION = "smthrs_engine_sandbox_materialization_duration"
-SANDBOX_CONFLICTS = "smthrs_engine_sandbox_conflicts"
-BOUNDARY_SETTLEMENTS_METRIC = "smthrs_engine_boundary_settlements"
-STEP_CACHE_DECISIONS = "smthrs_engine_step_cache_decisions"
-CLAIMS = "smthrs_engine_claims"
+DISPATCHES = "flows_engine_dispatches"
+DISPATCH_DURATION = "flows_engine_dispatch_duration"
+SCHEDULER_ADMISSIONS = "flows_engine_scheduler_admissions"
+SCHEDULER_DISPATCH_DURATION = "flows_engine_scheduler_dispatch_duration"
+SCHEDULER_NODES = "flows_engine_scheduler_nodes"
+SANDBOX_EXECUTIONS = "flows_engine_sandbox_executions"
+SANDBOX_EXECUTION_DURATION = "flows_engine_sandbox_execution_duration"
+SANDBOX_MATERIALIZATIONS = "flows_engine_sandbox_materializations"
+SANDBOX_MATERIALIZATION_DURATION = "flows_engine_sandbox_materialization_duration"
+SANDBOX_CONFLICTS = "flows_engine_sandbox_conflicts"
+BOUNDARY_SETTLEMENTS_METRIC = "flows_engine_boundary_settlements"
+STEP_CACHE_DECISIONS = "flows_engine_step_cache_decisions"
+CLAIMS = "flows_engine_claims"
 
 INSTRUMENT_NAMES: tuple[str, ...] = (
     DISPATCHES,

@@ -9,8 +9,11 @@ Invariants:
   ``after_cursor``/``after_sequence`` without ``run_id`` is refused (``InvalidInput``), as is a cursor of another
   partition (``invalid_cursor``) or of another database (``source_changed``). Exactly-once resumption is a promise
   about a scoped watch.
+- **Live unless asked for a snapshot.** Omitting ``follow`` (or ``follow=True``) opens the live stream a UI
+  subscribes to; it never ends by itself (close it). ``follow=False`` asks for the finite snapshot a test or a
+  one-shot reader wants. (The ``smthrs watch`` command keeps the snapshot as its default: ``--follow`` opts in.)
 - **Snapshot, then tail, without gaps or duplicates.** ``follow=False`` is finite: each partition is read up to the
-  high-water mark pinned when it is reached. ``follow=True`` SUBSCRIBES FIRST, then pins each partition's
+  high-water mark pinned when it is reached. The live stream SUBSCRIBES FIRST, then pins each partition's
   high-water mark, reads ``<= mark`` from the snapshot and ``> mark`` from the tail. Per partition the stream keeps
   the last delivered sequence and the tail only ever reads ``seq > last``: the journal allocates sequences inside
   serialized write transactions, so once ``seq = n`` is visible every lower sequence of that partition is too, and
@@ -108,7 +111,7 @@ def watch(
     db: Database,
     run_id: str | None = None,
     *,
-    follow: bool = False,
+    follow: bool = True,
     after_cursor: str | None = None,
     after_sequence: int | None = None,
     poll_interval_s: float = 0.25,
@@ -116,9 +119,11 @@ def watch(
 ) -> WatchStream:
     """Stream the journal of ``run_id`` (every partition when None) as :class:`ControlEvent` values.
 
-    ``follow=False`` ends after the snapshot; ``follow=True`` continues with the live tail until
-    :meth:`WatchStream.close`. Resume a run's watch with the last event's ``cursor`` (``after_cursor``) or its
-    ``sequence`` (``after_sequence``). Every refusal happens here, before anything is read or subscribed."""
+    Omitting ``follow`` (or ``follow=True``) opens the live stream: the snapshot, then the live tail, until
+    :meth:`WatchStream.close` — it never ends by itself, so iterate it with :meth:`WatchStream.next_within` or
+    from a thread that can close it. ``follow=False`` ends after the snapshot (a test, a one-shot reader). Resume a
+    run's watch with the last event's ``cursor`` (``after_cursor``) or its ``sequence`` (``after_sequence``).
+    Every refusal happens here, before anything is read or subscribed."""
     for name, value in (("after_cursor", after_cursor), ("after_sequence", after_sequence)):
         if value is not None and run_id is None:
             raise InvalidInput(
@@ -168,7 +173,7 @@ def watch(
 
 def require_watchable(db: Database, run_id: str) -> None:
     """Refuse (``run_not_found``) a run this database has neither a row nor a journal for: an empty watch would read
-    as success to a script that mistyped the run id (issue 14). A deleted run whose journal is kept, or a journal
+    as success to a script that mistyped the run id. A deleted run whose journal is kept, or a journal
     partition of its own (``plan:<id>``), is still watchable."""
     from .snapshot import Missing, read
 

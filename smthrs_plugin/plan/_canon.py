@@ -23,15 +23,14 @@ for 100,000 nodes that walk was most of compile's time (benchmarks/graph.py).
 from __future__ import annotations
 
 import hashlib
-import json
 from json.encoder import encode_basestring
 from typing import Any
 
 from ..canonical import KEY_PREFIX, canonical_bytes
-from ._fileset import entry_json
+from ._fileset import Glob, TreeArtifact
 from ._model import Pending, Ref, Value
 
-__all__ = ["Slow", "text", "value", "entry_list", "effects", "plan_key", "digest_node", "digest"]
+__all__ = ["Slow", "text", "value", "effects", "plan_key", "digest_node", "digest"]
 
 _SAFE_INT = 2**53 - 1
 
@@ -74,54 +73,41 @@ def value(v: Any, depth: int) -> str:
     return raw[depth : len(raw) - depth].decode("utf-8")
 
 
-def entry_list(entries: Any) -> list[Any]:
-    """Entry sets are sets: sorted and unique, so declaration order is not identity. Entry JSON is only strings
-    and string lists, so sorted-keys ``json.dumps`` is an injective total order (cheaper than RFC 8785 bytes)."""
-    if not entries:
-        return []
-    by_text = {json.dumps(j, sort_keys=True, ensure_ascii=False): j for j in (entry_json(e) for e in entries)}
-    return [by_text[b] for b in sorted(by_text)]
-
-
 def _strings(items: Any) -> str:
-    if type(items) is not list:
+    if type(items) is not tuple:
         raise Slow
     return "[" + ",".join([text(x) for x in items]) + "]"
 
 
-def _entry(j: dict[str, Any]) -> str:
-    # the three shapes entry_json writes, members in sorted order
-    if len(j) == 2 and "path" in j:
-        return '{"kind":' + text(j["kind"]) + ',"path":' + text(j["path"]) + "}"
-    exclude = '{"exclude":' + _strings(j["exclude"]) + "," if "exclude" in j else "{"
-    if len(j) != (3 if "exclude" in j else 2):
-        raise Slow
-    return exclude + '"include":' + _strings(j["include"]) + ',"kind":' + text(j["kind"]) + "}"
+def _entry(e: Any) -> str:
+    # keys.entry_declared(e): an exact path as its string, a tree or a glob tagged (members in sorted order)
+    t = type(e)
+    if t is str:
+        return text(e)
+    if t is TreeArtifact:
+        return '{"_tag":"TreeArtifact","path":' + text(e.path) + "}"
+    if t is Glob:
+        exclude = e.exclude
+        head = '{"_tag":"Glob","exclude":' + _strings(exclude) + "," if exclude else '{"_tag":"Glob",'
+        return head + '"include":' + _strings(e.include) + "}"
+    raise Slow
 
 
 def _entries(entries: Any) -> str:
     if not entries:
         return "[]"
-    if type(entries) is tuple and len(entries) == 1 and type(entries[0]) is str:
-        return '[{"kind":"file","path":' + text(entries[0]) + "}]"
-    if type(entries) is tuple and all([type(e) is str for e in entries]):
-        # Exact files only (the common case): an entry's text is '{"kind":"file","path":' + text(path) + '}'.
-        # entry_list orders by json.dumps text, which for these entries is one constant prefix + text(path) +
-        # '}' (json.dumps(ensure_ascii=False) writes strings with the same encode_basestring), and no complete
-        # JSON string text is a proper prefix of another, so ordering by text(path) is the same order, and
-        # equal texts are the duplicates entry_list drops.
-        texts = sorted({text(e) for e in entries})
-        return "[" + ",".join(['{"kind":"file","path":' + x + "}" for x in texts]) + "]"
-    return "[" + ",".join([_entry(j) for j in entry_list(entries)]) + "]"
+    if type(entries) is not tuple:
+        raise Slow
+    return "[" + ",".join([_entry(e) for e in entries]) + "]"
 
 
 _EMPTY_EFFECTS = {
-    mode: f'{{"boundaryMode":"{mode}","reads":[],"removes":[],"writes":[]}}' for mode in ("hard", "expected")
+    mode: f'{{"boundaryMode":"{mode}","reads":[],"writes":[]}}' for mode in ("hard", "expected")
 }
 
 
 def effects(e: Any) -> str:
-    """Canonical text of ``keys.effects_json(e)``."""
+    """Canonical text of ``keys.effects_json(e)``: a node's effects as the plan digest folds them."""
     reads, writes, removes, mode = e.reads, e.writes, e.removes, e.boundary_mode
     if not reads and not writes and not removes and type(mode) is str and mode in _EMPTY_EFFECTS:
         return _EMPTY_EFFECTS[mode]
@@ -130,24 +116,22 @@ def effects(e: Any) -> str:
         + text(mode)
         + ',"reads":'
         + _entries(reads)
-        + ',"removes":'
-        + _entries(removes)
+        + (',"removes":' + _entries(removes) if removes else "")
         + ',"writes":'
         + _entries(writes)
         + "}"
     )
 
 
-#: ``,"nodeKind":…,"tier":…,"version":…}`` by (kind, tier, version): the tail of most material bodies. Bounded,
-#: since a draft that bypassed validation could carry any strings there.
-_TAILS: dict[tuple[str, str, str], str] = {}
+#: ``,"version":…}`` by version: the tail of most material bodies (sealed, no nondeterministic, no wait).
+#: Bounded, since a draft that bypassed validation could carry any string there.
+_TAILS: dict[str, str] = {}
 
 
-def _material_body(draft: Any, m: Any, eff: str) -> str:
-    # members in sorted order: approval?, declaration, effects, nodeKind, nondeterministic?, tier, version, wait?
-    approval, kind, tier, version, nondeterministic, wait = (
+def _material_body(draft: Any, m: Any) -> str:
+    # keys.material_body; members in sorted order: approval?, declaration, nondeterministic?, tier?, version, wait?
+    approval, tier, version, nondeterministic, wait = (
         draft.approval,
-        draft.kind,
         m.tier,
         m.version,
         m.nondeterministic,
@@ -156,27 +140,23 @@ def _material_body(draft: Any, m: Any, eff: str) -> str:
     head = (
         '{"approval":' + value(approval, 2) + ',"declaration":' if approval is not None else '{"declaration":'
     )
-    if (
-        nondeterministic is None
-        and wait is None
-        and type(kind) is str
-        and type(tier) is str
-        and type(version) is str
-    ):
-        tail = _TAILS.get((kind, tier, version))
+    if nondeterministic is None and wait is None and tier == "sealed" and type(version) is str:
+        tail = _TAILS.get(version)
         if tail is None:
-            tail = ',"nodeKind":' + text(kind) + ',"tier":' + text(tier) + ',"version":' + text(version) + "}"
+            tail = ',"version":' + text(version) + "}"
             if len(_TAILS) < 64:
-                _TAILS[(kind, tier, version)] = tail
+                _TAILS[version] = tail
     else:
-        tail = ',"nodeKind":' + text(kind)
+        tail = ""
         if nondeterministic is not None:
             tail += ',"nondeterministic":' + value(nondeterministic, 2)
-        tail += ',"tier":' + text(tier) + ',"version":' + text(version)
+        if tier != "sealed":
+            tail += ',"tier":' + value(tier, 2)
+        tail += ',"version":' + text(version)
         if wait is not None:
             tail += ',"wait":' + value(wait, 2)
         tail += "}"
-    return head + value(m.body, 2) + ',"effects":' + eff + tail
+    return head + value(m.body, 2) + tail
 
 
 def _path(path: Any) -> str:
@@ -204,9 +184,9 @@ def _input(inp: Any, upstream: Any, quoted: Any) -> str:
     return '{"digest":' + up + ',"kind":"digest","reference":"ref"}'
 
 
-def plan_key(draft: Any, upstream: Any, eff: str, quoted: Any) -> str:
-    """``keys.plan_key(draft, upstream)`` with ``eff = effects(draft.effects)`` already written; ``quoted`` maps
-    some node ids to the JSON text of ``upstream[id]`` (written once by the caller, reused by every dependent)."""
+def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
+    """``keys.plan_key(draft, upstream)``; ``quoted`` maps some node ids to the JSON text of ``upstream[id]``
+    (written once by the caller, reused by every dependent)."""
     m = draft.material
     inputs = m.inputs
     if not inputs:
@@ -219,14 +199,16 @@ def plan_key(draft: Any, upstream: Any, eff: str, quoted: Any) -> str:
             parts.sort()
         members = ",".join(parts)
     caps_in, layers_in = m.capabilities, m.layers
-    caps = "{}" if type(caps_in) is dict and not caps_in else value(m.normalized_capabilities(), 1)
+    caps = (
+        '{"declared":[]}' if type(caps_in) is dict and not caps_in else value(m.normalized_capabilities(), 1)
+    )
     if type(layers_in) is tuple and not layers_in:
         layers = "[]"
     else:
         layers = "[" + ",".join([text(x) for x in m.normalized_layers()]) + "]"
     doc = (
         '{"body":'
-        + _material_body(draft, m, eff)
+        + _material_body(draft, m)
         + ',"capabilities":'
         + caps
         + ',"inputs":{'
@@ -254,7 +236,15 @@ def digest_node(node: Any, eff: str, ids: dict[str, str], key: str | None) -> st
             t = ids[x] = text(x)
         deps.append(t)
     conflicts = [
-        '{"runtime":' + text(c.runtime) + ',"strategy":' + text(c.strategy) + ',"with":' + text(c.with_) + "}"
+        '{"paths":'
+        + _strings(c.paths)
+        + ',"runtime":'
+        + text(c.runtime)
+        + ',"strategy":'
+        + text(c.strategy)
+        + ',"with":'
+        + text(c.with_)
+        + "}"
         for c in node.conflicts
     ]
     nid = node.id
@@ -282,14 +272,15 @@ def digest_node(node: Any, eff: str, ids: dict[str, str], key: str | None) -> st
 
 
 def digest(plan_id: Any, flow: Any, nodes: list[str]) -> str:
-    """``compile.plan_digest`` over node texts written by :func:`digest_node`, in plan order."""
+    """``compile.plan_digest`` (``keys.plan_digest_document``) over node texts written by :func:`digest_node`, in
+    plan order."""
     doc = (
         '{"body":{"flow":'
         + text(flow)
-        + ',"kind":"plan","plan_id":'
+        + ',"kind":"plan","planId":'
         + text(plan_id)
-        + '},"capabilities":{},"inputs":{"nodes":['
+        + '},"capabilities":{},"inputs":{"nodes":{"kind":"literal","value":['
         + ",".join(nodes)
-        + ']},"kind":"content","layers":[]}'
+        + ']}},"kind":"content","layers":[]}'
     )
     return KEY_PREFIX + hashlib.sha256(doc.encode("utf-8")).hexdigest()

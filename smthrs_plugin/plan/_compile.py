@@ -7,15 +7,19 @@ Invariants (SEMANTICS.md §2)
   under a reserved top-level directory (``.smthrs/``, ``.git/``, ``.venv/``) (``invalid_effects``); (4) every
   node is keyed (upstream plan keys folded in); (5) conflicts are annotated, then reader-after-writer edges are
   added; (6) the digest is computed. Every refusal is a :class:`PlanError` raised before a plan exists.
-- Edges only ever point from a later position to an earlier one, so plan order stays a topological order and
-  "already ordered" means "the earlier node is an ancestor of the later one". Ancestor queries expand the
-  later node's predecessors lazily in descending position, visiting each reachable predecessor at most once per
-  reader and never retaining a transitive-closure matrix.
-- Conflict rule, per pair (earlier E, later L) whose produced sets (writes ∪ removes) overlap and are not
-  ordered, nearest E first: ``fail`` if either says fail (→ ``overlap_forbidden``), else ``lane`` if either
-  says lane, else ``serialize`` (edge L → E); runtime ``stop-merge`` if either says so, else ``delay-rebase``.
-  The annotation lives on L. Then a reader depends on every earlier producer of something it reads unless
-  already ordered (reads before an explicitly later writer stay *source* reads).
+- Edges are inferred from declarations, never from declaration order (``_overlap.infer_edges``, the reference
+  engine's two passes over plan order). Conflict rule, per pair (earlier E, later L) whose produced sets
+  (writes ∪ removes) overlap and that no edge existing before the pass already orders: ``fail`` if either says
+  fail (→ ``overlap_forbidden``), else ``lane`` if either says lane, else ``serialize`` (edge L → E); runtime
+  ``stop-merge`` if either says so, else ``delay-rebase``. BOTH nodes are annotated, each naming the other and
+  the overlapping ``paths`` (E's entries). Then every reader depends on every producer of something it reads,
+  declared before or after it, unless one already reaches the other (a writer that depends on its reader keeps
+  that order; the reader reads the source). Two nodes that each read what the other writes are not refused:
+  the first in plan order follows the other.
+- Plan order stays the material order of step (2), so an inferred edge may point to a LATER position (a reader
+  declared before its writer); the edge set is acyclic, ``RuntimeGraph`` accepts such edges, and recompiling a
+  plan's own node order reproduces it exactly (``verify_plan``). ``depends_on`` is the material dependencies,
+  then the serialize edges, then the reader edges, each in plan order.
 - ``append_plan`` is a new generation: earlier nodes are byte-identical (never re-keyed, never given edges),
   new edges land on new nodes only, ``base_digest`` is kept, ``generation`` + 1, and the total stays within
   ``maximum_plan_nodes`` (``elaboration_failed``, nothing returned).
@@ -36,7 +40,6 @@ exact form for it) it enters as its decimal string. The two ranges are disjoint,
 
 from __future__ import annotations
 
-import heapq
 import re
 import typing as t
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,19 +49,18 @@ from ..canonical import key
 from ..errors import CanonicalError, PlanError
 from . import _canon
 from ._fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
-from ._keys import effects_json, plan_key_with_effects
+from ._keys import effects_json, plan_digest_document, plan_key_with_effects
 from ._model import (
     NodeDraft,
     Pending,
     Plan,
     PlanNode,
     Ref,
-    RuntimeStrategy,
     Value,
     WriteConflict,
     check_write_remove,
 )
-from ._overlap import ProducerIndex
+from ._overlap import infer_edges
 
 __all__ = [
     "compile_plan",
@@ -85,15 +87,18 @@ def _node_json(n: PlanNode) -> dict[str, Any]:
         "kind": n.draft.kind,
         "key": n.key,
         "dependsOn": list(n.depends_on),
-        "conflicts": [{"with": c.with_, "strategy": c.strategy, "runtime": c.runtime} for c in n.conflicts],
+        "conflicts": [
+            {"with": c.with_, "paths": list(c.paths), "strategy": c.strategy, "runtime": c.runtime}
+            for c in n.conflicts
+        ],
         "effects": effects_json(n.draft.effects),
         "priority": priority_json(n.draft.priority),
     }
 
 
 def plan_digest(plan_id: str, flow: str, nodes: Sequence[PlanNode]) -> str:
-    """``content({body: {kind: "plan", plan_id, flow}, inputs: {nodes: [{id, kind, key, dependsOn, conflicts,
-    effects, priority}...]}})`` over ``nodes`` in plan order."""
+    """``content({body: {kind: "plan", planId, flow}, inputs: {nodes: literal([{id, kind, key, dependsOn,
+    conflicts, effects, priority}...])}})`` over ``nodes`` in plan order (``keys.plan_digest_document``)."""
     return _digest(plan_id, flow, nodes, None, {})
 
 
@@ -126,15 +131,7 @@ def _plan_digest_reference(plan_id: str, flow: str, nodes: Sequence[PlanNode]) -
     # The generic construction (one canonical.key walk over the whole document): the definition _canon.digest
     # must equal, and the path every refusal is raised from.
     try:
-        return key(
-            {
-                "kind": "content",
-                "body": {"kind": "plan", "plan_id": plan_id, "flow": flow},
-                "inputs": {"nodes": [_node_json(n) for n in nodes]},
-                "layers": [],
-                "capabilities": {},
-            }
-        )
+        return key(plan_digest_document(plan_id, flow, [_node_json(n) for n in nodes]))
     except CanonicalError as exc:
         raise PlanError(
             "invalid_plan", f"plan {plan_id!r} cannot be digested: {exc.message}", cause=exc
@@ -291,43 +288,6 @@ def _topological(
     return order, material
 
 
-class _Reach:
-    """Lazy ancestor search from one reader: expands predecessors in descending position, so asking about
-    candidates nearest-first visits each reachable predecessor at most once."""
-
-    __slots__ = ("_deps", "_seen", "_heap")
-
-    def __init__(self, deps: list[Sequence[int]], start: Iterable[int]) -> None:
-        self._deps = deps
-        self._seen = set(start)
-        self._heap = [-p for p in self._seen]
-        heapq.heapify(self._heap)
-
-    def reaches(self, target: int) -> bool:
-        heap, seen, deps = self._heap, self._seen, self._deps
-        while heap and -heap[0] > target:
-            x = -heapq.heappop(heap)
-            for y in deps[x]:
-                if y not in seen:
-                    seen.add(y)
-                    heapq.heappush(heap, -y)
-        return target in seen
-
-    def add(self, target: int) -> None:
-        if target not in self._seen:
-            self._seen.add(target)
-            heapq.heappush(self._heap, -target)
-
-
-def _produced_paths(d: NodeDraft) -> list[str]:
-    out: list[str] = []
-    for e in d.effects.produces:
-        out.append(
-            e if isinstance(e, str) else e.path + "/" if isinstance(e, TreeArtifact) else str(list(e.include))
-        )
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ build
 
 
@@ -375,9 +335,7 @@ def _build(
         pos[d.id] = base + i
     all_drafts: list[NodeDraft] = [n.draft for n in existing] + order
     ids: list[str] = [n.id for n in existing] + [d.id for d in order]
-    # Edge lists stay tuples (shared empties, no per-node list) while short (_add_edge); grown: the positions
-    # compile added an edge to.
-    grown: set[int] = set()
+    # Edge lists stay tuples (shared empties, no per-node list) while short.
     deps: list[Sequence[int]] = [tuple([pos[x] for x in n.depends_on]) for n in existing]
     deps += [tuple([pos[x] for x in m]) if (m := material[d.id]) else () for d in order]
 
@@ -395,63 +353,28 @@ def _build(
         k = keys[d.id] = plan_key_with_effects(d, keys, eff, quoted)
         quoted[d.id] = '"' + k + '"'  # a key1_ key is [a-z0-9_]: its JSON text needs no escaping
 
-    # (5a) conflict annotation between producers.
-    conflicts: dict[int, list[WriteConflict]] = {}
-    index = ProducerIndex()
-    for p in range(base):
-        index.add(p, all_drafts[p].effects.produces)
-    for p in range(base, len(ids)):
-        d = all_drafts[p]
-        produced = d.effects.produces
-        if not produced:
-            continue
-        cands = sorted(index.candidates(produced), reverse=True)
-        index.add(p, produced)
-        if not cands:
-            continue
-        reach = _Reach(deps, deps[p])
-        for e in cands:
-            if reach.reaches(e):
-                continue
-            other = all_drafts[e]
-            strategies = (other.conflict_strategy, d.conflict_strategy)
-            if "fail" in strategies:
-                blame = other.id if other.conflict_strategy == "fail" else d.id
-                raise PlanError(
-                    "overlap_forbidden",
-                    f"nodes {other.id!r} ({', '.join(_produced_paths(other))}) and {d.id!r} "
-                    f"({', '.join(_produced_paths(d))}) produce overlapping paths without an order, and "
-                    f"{blame!r} declares conflict='fail'; add Pending({other.id!r}) to {d.id!r}'s inputs, make "
-                    "the paths disjoint, or choose conflict='serialize' or 'lane'",
-                    earlier=other.id,
-                    later=d.id,
+    # (5) conflict annotations and reader-after-writer edges, in plan order whatever the declaration order.
+    effects = [d.effects for d in all_drafts]
+    edges, grown, found = infer_edges(
+        ids,
+        deps,
+        [e.reads for e in effects],
+        [e.produces for e in effects],
+        [d.conflict_strategy for d in all_drafts],
+        [d.runtime_strategy for d in all_drafts],
+        base,
+    )
+    conflicts = {
+        p: tuple(
+            [
+                WriteConflict.model_validate(
+                    {"with": ids[other], "paths": paths, "strategy": strategy, "runtime": runtime}
                 )
-            strategy: t.Literal["serialize", "lane"] = "lane" if "lane" in strategies else "serialize"
-            runtime: RuntimeStrategy = (
-                "stop-merge"
-                if "stop-merge" in (other.runtime_strategy, d.runtime_strategy)
-                else "delay-rebase"
-            )
-            conflicts.setdefault(p, []).append(
-                WriteConflict.model_validate({"with": other.id, "strategy": strategy, "runtime": runtime})
-            )
-            if strategy == "serialize":
-                _add_edge(deps, p, e, grown)
-                reach.add(e)
-
-    # (5b) reader-after-writer edges: a reader depends on every earlier, unordered producer of what it reads.
-    index = ProducerIndex()
-    for p in range(len(ids)):
-        d = all_drafts[p]
-        if p >= base and d.effects.reads:
-            cands = sorted(index.candidates(d.effects.reads), reverse=True)
-            if cands:
-                reach = _Reach(deps, deps[p])
-                for e in cands:
-                    if not reach.reaches(e):
-                        _add_edge(deps, p, e, grown)
-                        reach.add(e)
-        index.add(p, d.effects.produces)
+                for other, paths, strategy, runtime in annotations
+            ]
+        )
+        for p, annotations in found.items()
+    }
 
     # Every field below was computed here from drafts checked above (isinstance NodeDraft, entries
     # re-checked): validating them again would only re-prove this function's own output. One shared
@@ -466,8 +389,8 @@ def _build(
                     "key": keys[ids[p]],
                     # no edge added: the names are the material dependencies themselves, already unique and
                     # in input order
-                    "depends_on": _names(ids, deps[p]) if p in grown else material[ids[p]],
-                    "conflicts": tuple(conflicts[p]) if p in conflicts else (),
+                    "depends_on": _names(ids, edges[p]) if p in grown else material[ids[p]],
+                    "conflicts": conflicts.get(p, ()),
                     "draft": all_drafts[p],
                 }
             )
@@ -501,20 +424,6 @@ def _trusted_node(values: dict[str, Any]) -> PlanNode:
     _setattr(m, "__pydantic_extra__", None)
     _setattr(m, "__pydantic_private__", None)
     return m
-
-
-def _add_edge(deps: list[Sequence[int]], p: int, e: int, grown: set[int]) -> None:
-    # A short edge list stays a tuple (the cyclic GC untracks a tuple of ints; a list it scans until it dies,
-    # and one per node of a 100,000-node plan costs a full collection); a long one becomes a list so that
-    # adding k edges stays linear in k.
-    dp = deps[p]
-    grown.add(p)
-    if type(dp) is list:
-        dp.append(e)
-    elif len(dp) < 8:
-        deps[p] = (*dp, e)
-    else:
-        deps[p] = [*dp, e]
 
 
 def _names(ids: list[str], positions: Sequence[int]) -> tuple[str, ...]:

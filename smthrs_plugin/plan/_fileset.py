@@ -8,9 +8,14 @@ Invariants
 - Dotfiles are deliberate: a wildcard never matches a segment that starts with ``.`` unless the pattern segment
   itself starts with ``.`` (shell convention). ``src/**`` therefore skips ``src/.cache``; say ``src/.cache/**``
   to read it. This keeps ``.git``, ``.venv`` and ``.smthrs`` out of read sets unless named.
-- Overlap is *conservative*: glob×glob and tree×glob always overlap (SEMANTICS.md §2); only exact×exact,
-  exact×tree, tree×tree and exact×glob are decided precisely. A false overlap costs an ordering edge; a missed
-  one would let two writers race.
+- Overlap is *conservative*: ``True`` may over-order, ``False`` proves no path can belong to both. exact×exact,
+  exact×tree, tree×tree and exact×glob are decided precisely; glob×glob and tree×glob overlap unless the globs'
+  static prefixes prove them disjoint (a glob matches only paths under its literal leading directories, so
+  ``src/**`` never meets the tree ``deployed/`` nor the glob ``dist/*.js``). The reference engine treats every
+  glob×glob and tree×glob pair as overlapping; with edges inferred whatever the declaration order, that made a
+  reader of ``src/**`` wait for a writer of ``deployed/`` and could order a pipeline backwards, so the prefix
+  proof is a deliberate refinement: it only removes edges between entries that share no path. A false overlap
+  costs an ordering edge; a missed one would let two writers race.
 - ``RESERVED_TOP`` (``.smthrs``, ``.git``, ``.venv``) are the workspace's own top-level directories: the state
   database, the artifact store and staging, the repository (its hooks run code) and the environment. Nothing a
   step declares may write or remove under them (``check_not_reserved``), no cache hit may touch them, and the
@@ -42,6 +47,9 @@ __all__ = [
     "entries_overlap",
     "sets_overlap",
     "static_prefix",
+    "dirs_related",
+    "glob_may_touch",
+    "globs_may_overlap",
     "entry_json",
     "is_exact",
     "RESERVED_TOP",
@@ -258,6 +266,21 @@ def entry_matches(entry: PathEntry, path: str) -> bool:
     )
 
 
+def dirs_related(a: str, b: str) -> bool:
+    """Whether directory ``a`` is ``b``, inside it or contains it (``""`` is the workspace root)."""
+    return a == "" or b == "" or a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def glob_may_touch(g: Glob, directory: str) -> bool:
+    """Whether ``g`` may match a path that is ``directory`` or under it (False proves it cannot)."""
+    return any(dirs_related(static_prefix(p), directory) for p in g.include)
+
+
+def globs_may_overlap(a: Glob, b: Glob) -> bool:
+    """Whether two globs may match a common path (False proves they cannot: disjoint static prefixes)."""
+    return any(glob_may_touch(b, static_prefix(p)) for p in a.include)
+
+
 def entries_overlap(a: PathEntry, b: PathEntry) -> bool:
     """Conservative overlap of two entries (see the module invariant)."""
     if isinstance(a, Glob) or isinstance(b, Glob):
@@ -265,7 +288,11 @@ def entries_overlap(a: PathEntry, b: PathEntry) -> bool:
             return entry_matches(b, a)
         if isinstance(b, str):
             return entry_matches(a, b)
-        return True
+        if isinstance(a, TreeArtifact):
+            return glob_may_touch(b, a.path)  # type: ignore[arg-type]
+        if isinstance(b, TreeArtifact):
+            return glob_may_touch(a, b.path)
+        return globs_may_overlap(a, b)  # type: ignore[arg-type]
     pa = a if isinstance(a, str) else a.path
     pb = b if isinstance(b, str) else b.path
     if isinstance(a, str) and isinstance(b, str):

@@ -13,7 +13,9 @@ Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
   work is unaffected — a failed cone blocks only its descendants); a node selected for deferral settles
   ``deferred`` only once all its dependencies *succeeded* (a failed cone creates skipped work, never deferral
   debt).
-- ``extend`` admits an appended generation without disturbing earlier positions or states.
+- ``extend`` admits an appended generation without disturbing earlier positions or states. A dependency may
+  name a node at a later position of the same generation (compile orders a reader after a writer declared after
+  it); an added generation whose dependencies form a cycle is refused before anything changes.
 - ``discover`` adds reconciliation edges (a ``Reorder`` verdict): the started node goes back to waiting until
   the named nodes settle, whatever their outcome, and then becomes ready to run again. Discovered edges change
   ONLY readiness (seed: "declared predecessors still determine file versions"): they never block, skip or defer
@@ -398,7 +400,8 @@ class RuntimeGraph:
     def extend(self, nodes: Plan | Iterable[PlanNode], *, defer: Iterable[str] = ()) -> Propagation:
         """Add an appended generation (a :class:`Plan` whose prefix is this graph, or the new nodes alone, in
         plan order). Earlier positions and states are untouched; new nodes whose dependencies already settled
-        become ready, deferred or skipped at once."""
+        become ready, deferred or skipped at once. A dependency may be any other node of the graph or of the
+        generation; a cycle among the added nodes is refused (``invalid_transition``), nothing changed."""
         items = list(nodes.nodes if isinstance(nodes, Plan) else nodes)
         base = len(self._ids)
         if isinstance(nodes, Plan):
@@ -424,9 +427,12 @@ class RuntimeGraph:
         for s in selected:
             if s not in new_index:
                 raise GraphError("unknown_node", f"deferred node {s!r} is not among the nodes being added")
-        # Validate every dependency before mutating anything: nothing partial on refusal.
+        # Validate every dependency before mutating anything: nothing partial on refusal. A dependency may sit at
+        # a later position (compile orders a reader after a writer declared after it), so the added nodes must be
+        # checked for a cycle, which would leave its members waiting forever.
         resolved: list[tuple[int, ...]] = []
         index = self._index
+        forward = False
         for k, n in enumerate(items):
             names = n.depends_on
             if not names:
@@ -435,13 +441,16 @@ class RuntimeGraph:
             dep_ix: list[int] = []
             for dep in names:
                 x = index.get(dep, new_index.get(dep))
-                if x is None or x >= base + k:
+                if x is None or x == base + k:
                     raise GraphError(
                         "unknown_node",
-                        f"node {n.id!r} depends on {dep!r}, which is not an earlier node of this graph",
+                        f"node {n.id!r} depends on {dep!r}, which is not another node of this graph",
                     )
+                forward = forward or x > base + k
                 dep_ix.append(x)
             resolved.append(tuple(dict.fromkeys(dep_ix)) if len(dep_ix) > 1 else tuple(dep_ix))
+        if forward:
+            _refuse_cycle(items, resolved, base)
         # Column-wise: one C-level extend per index instead of a dozen appends per node. A vertex's dependents
         # list is created at its first dependent (a shared empty tuple until then: a list per vertex would be
         # 100,000 objects the cyclic GC scans for a plan that never needs most of them).
@@ -515,6 +524,30 @@ class RuntimeGraph:
                     self._ready.add(i)
                     ready.append(self._ids[i])
         return Propagation(tuple(settled), tuple(ready))
+
+
+def _refuse_cycle(items: list[PlanNode], resolved: list[tuple[int, ...]], base: int) -> None:
+    # Kahn's algorithm over the added nodes (their dependencies on earlier generations cannot close a cycle:
+    # those nodes never depend on a newer one).
+    waiting = [sum(1 for x in deps if x >= base) for deps in resolved]
+    dependents: dict[int, list[int]] = {}
+    for k, deps in enumerate(resolved):
+        for x in deps:
+            if x >= base:
+                dependents.setdefault(x - base, []).append(k)
+    queue = [k for k, w in enumerate(waiting) if w == 0]
+    for j in queue:
+        for k in dependents.get(j, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                queue.append(k)
+    if len(queue) < len(items):
+        stuck = [items[k].id for k, w in enumerate(waiting) if w]
+        raise GraphError(
+            "invalid_transition",
+            f"the dependencies of nodes {stuck[:10]!r} form a cycle; build the graph from a verified plan",
+            nodes=stuck,
+        )
 
 
 def _check_outcome(outcome: object) -> None:

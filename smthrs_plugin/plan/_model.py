@@ -40,6 +40,7 @@ from ._fileset import EntryInput, Glob, PathEntry, TreeArtifact, entries_overlap
 
 __all__ = [
     "KEY_MATERIAL_VERSION",
+    "sort_strings",
     "Value",
     "Ref",
     "Pending",
@@ -72,6 +73,17 @@ _SAFE_INT = 2**53 - 1
 
 def _absent(v: object) -> bool:
     return v is None
+
+
+def _utf16(s: str) -> bytes:
+    # surrogatepass: a string that bypassed validation still orders (its key is refused later, by canonical)
+    return s.encode("utf-16-be", "surrogatepass")
+
+
+def sort_strings(values: Iterable[str]) -> list[str]:
+    """A string set as keys fold it: NFC-normalised, unique, ordered by UTF-16 code units (the order canonical
+    JSON orders member names by, and the reference's string sort), so order and duplicates are not identity."""
+    return sorted({unicodedata.normalize("NFC", x) for x in values}, key=_utf16)
 
 
 def _plain_json(value: Any, what: str) -> Any:
@@ -380,12 +392,18 @@ class KeyMaterial(_PlanModel):
         return _capabilities(v)
 
     def normalized_layers(self) -> list[str]:
-        """Layers as keyed: NFC-normalised, sorted, unique."""
-        return sorted({unicodedata.normalize("NFC", x) for x in self.layers})
+        """Layers as keyed: :func:`sort_strings` (NFC, unique, UTF-16 code-unit order)."""
+        return sort_strings(self.layers)
 
     def normalized_capabilities(self) -> dict[str, list[str]]:
-        """Capabilities as keyed: each group sorted and unique (pattern sets, so order is not identity)."""
-        return {g: sorted(set(p)) for g, p in self.capabilities.items()}
+        """Capabilities as keyed: every group a :func:`sort_strings` pattern set, and the ``declared`` group
+        always present (``[]`` when none), as the reference keys its one capability list."""
+        caps = self.capabilities
+        out = {"declared": sort_strings(caps.get("declared", ()))}
+        for g, p in caps.items():
+            if g != "declared":
+                out[g] = sort_strings(p)
+        return out
 
 
 # ------------------------------------------------------------------------------------------------- nodes
@@ -449,10 +467,12 @@ class NodeDraft(_PlanModel):
 
 
 class WriteConflict(_PlanModel):
-    """Conflict annotation on the later node of an overlapping pair: ``serialize`` (an edge was added, later →
-    earlier) or ``lane`` (no edge: both may run; the runtime strategy absorbs a landing race)."""
+    """Conflict annotation on each node of an overlapping pair (the new node only, when the other is frozen),
+    naming the other node and the overlapping ``paths``: ``serialize`` (an edge was added, later → earlier) or
+    ``lane`` (no edge: both may run; the runtime strategy absorbs a landing race)."""
 
     with_: str = Field(alias="with")
+    paths: tuple[str, ...] = ()
     strategy: t.Literal["serialize", "lane"]
     runtime: RuntimeStrategy
 

@@ -4,7 +4,12 @@ priority-with-aging ``Admission`` (both from ``plan``), a host for executions, a
 Loop (every step is one durable transaction, so a crash loses at most the step in progress):
 1. **Admission pass** — admit ready nodes (priority + aging, step and agent caps); delay-rebased nodes re-enter
    first, keeping their permit. Prepare each (measure, key); replays and refusals settle at once; the others'
-   attempt rows begin in one transaction; then they are submitted to the host.
+   attempt rows begin in one transaction; then they are submitted to the host. Passes are event-driven: one runs
+   only after something could change its answer (the start, a node became ready, a permit was released), so a
+   node ages once per pass in which capacity left it waiting — the same count on every host. (A thread host wakes
+   the coordinator when a job queues its settlement, before the job returns; a pass there, with no permit freed,
+   would age every waiting node once more than an inline host does.) ``node-scheduled`` records that count as
+   ``waited``; a delay-rebased attempt keeps the count of its admission.
 2. **Drain** — wait for at least one completion, take every completed job, and process them in plan order: a
    final outcome settles (skips propagate in dependency order before anything else is admitted); a deviating
    success is staged; a materialisation conflict is absorbed by its runtime strategy (delay-rebase while
@@ -169,6 +174,11 @@ class Coordinator:
         self.rerun: set[str] = set()
         #: The ``scheduler dispatch duration`` timing of each dispatched node, admission through settlement.
         self.timing: dict[str, Observer] = {}
+        #: Whether an admission pass may admit something the last one did not (module docstring, step 1).
+        self._admit_due = True
+        #: The admission pass count when each ready node became ready, and each admitted node's aging bonus.
+        self._entered: dict[str, int] = {}
+        self._waited: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------------- run
     def run(self) -> Report:
@@ -253,7 +263,14 @@ class Coordinator:
         """One admission pass: ``(anything dispatched or settled, anything settled without dispatch)``."""
         redo = sorted(self.redo, key=self.s.positions.__getitem__)
         self.redo = []
-        admitted = list(self.admission.admit()) if self.admission.ready_count() else []
+        admitted: list[str] = []
+        if self._admit_due and self.admission.ready_count():
+            admitted = list(self.admission.admit())
+            passes = self.admission.passes
+            for n in admitted:
+                # Passes before this one in which it was ready and not admitted (Admission ranks by this).
+                self._waited[n] = passes - 1 - self._entered.pop(n)
+        self._admit_due = False
         if admitted:
             self.s.cfg.metrics.scheduler_admission()
         for n in admitted:
@@ -296,12 +313,14 @@ class Coordinator:
 
     def _prepare(self, node_id: str, rebase: bool) -> Prep:
         if node_id not in self.rerun:
-            return self.s.prepare(node_id, rebase=rebase)
-        # A reordered node executes afresh: its completed attempt ran before the order it was judged to need.
-        self.rerun.discard(node_id)
-        prep = self.s.prepare(node_id, rebase=True)
-        if prep.invalidated is not None:
-            prep.invalidated = (prep.invalidated[0], "reordered")
+            prep = self.s.prepare(node_id, rebase=rebase)
+        else:
+            # A reordered node executes afresh: its completed attempt ran before the order it was judged to need.
+            self.rerun.discard(node_id)
+            prep = self.s.prepare(node_id, rebase=True)
+            if prep.invalidated is not None:
+                prep.invalidated = (prep.invalidated[0], "reordered")
+        prep.waited = self._waited.get(node_id, 0)
         return prep
 
     def _next_tick(self) -> int:
@@ -325,7 +344,9 @@ class Coordinator:
             self.settle(node_id, "skipped", journal=False, error=self.merges.stopped_error(node_id))
             return
         self.queued.add(node_id)
+        self._entered[node_id] = self.admission.passes
         self.admission.add_node(self.s.plan.node(node_id))
+        self._admit_due = True
 
     # ---------------------------------------------------------------------------------------- settlement
     def settle(self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None) -> None:
@@ -337,8 +358,10 @@ class Coordinator:
         if node_id in self.admitted:
             self.admitted.discard(node_id)
             self.admission.release(node_id)
+            self._admit_due = True  # a freed permit: the next pass may admit a waiting node
         elif node_id in self.queued:
             self.queued.discard(node_id)
+            self._entered.pop(node_id, None)
             self.admission.discard(node_id)
         self.apply(prop, first=1)
 
@@ -482,6 +505,7 @@ class Coordinator:
         self._untime(node_id)
         self.admitted.discard(node_id)
         self.admission.release(node_id)
+        self._admit_due = True
         self.rerun.add(node_id)
         self.apply(prop)
         return None

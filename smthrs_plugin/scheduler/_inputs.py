@@ -2,12 +2,12 @@
 are ``records._plans``'s, which holds their SQL; ``MergeStore`` lives there and is re-exported here).
 
 Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
-- **Source vs produced reads.** A read entry of node N is *produced* when a node earlier in plan order produces
-  (writes or removes) something it may overlap — compile made every such producer an ancestor of N, so its
-  bytes exist only once that producer settled; it is measured at dispatch, after the producers settle, and
-  re-measured by a rebase. Every other read entry is a *source* input: reads before an explicitly later writer
-  and reads of a node's own future writes included. Granularity is the declared entry (a glob that may
-  overlap a producer is produced as a whole).
+- **Source vs produced reads.** A read entry of node N is *produced* when an ancestor of N (a node N depends on,
+  transitively) produces (writes or removes) something it may overlap — compile orders every other producer
+  before N, whatever the declaration order — so its bytes exist only once that producer settled; it is measured
+  at dispatch, after the producers settle, and re-measured by a rebase. Every other read entry is a *source*
+  input, the reads of what only N itself or a node that depends on N writes included. Granularity is the
+  declared entry (a glob that may overlap a producer is produced as a whole).
 - **Pins.** Source entries are expanded (globs, trees) and hashed ONCE, before the first dispatch of the run,
   and persisted (``plan_input_generations``) in the transaction that creates the run's input head. Reopening
   the same run restores them without measuring a source file or expanding a source glob again. A later
@@ -37,7 +37,7 @@ from ..canonical import canonical_bytes, key
 from ..errors import CanonicalError, SchedulerError
 from ..plan import ABSENT, Plan
 from ..plan._fileset import PathEntry, entry_json
-from ..plan._overlap import ProducerIndex
+from ..plan._overlap import produced_reads
 from ..records import _plans as plan_records
 from ..records._plans import MergeDecision, MergeStore
 from ..stores._database import Database
@@ -110,21 +110,16 @@ class ReadPlan:
     produced: tuple[PathEntry, ...]
 
 
-def classify_reads(plan: Plan, start: int = 0, index: ProducerIndex | None = None) -> dict[str, ReadPlan]:
-    """Classify the read entries of ``plan.nodes[start:]`` (see the module invariants). Pass the ``index`` of the
-    earlier nodes' products to classify an appended generation without rescanning the base."""
-    idx = index if index is not None else ProducerIndex()
-    if index is None:
-        for n in plan.nodes[:start]:
-            idx.add(n.position, n.effects.produces)
+def classify_reads(plan: Plan, start: int = 0) -> dict[str, ReadPlan]:
+    """Classify the read entries of ``plan.nodes[start:]`` (see the module invariants)."""
+    flags = produced_reads(plan.nodes, start)
     out: dict[str, ReadPlan] = {}
-    for n in plan.nodes[start:]:
+    for n, produced_by_ancestor in zip(plan.nodes[start:], flags, strict=True):
         sources: list[PathEntry] = []
         produced: list[PathEntry] = []
-        for e in n.effects.reads:
-            (produced if idx.candidates([e]) else sources).append(e)
+        for e, hit in zip(n.effects.reads, produced_by_ancestor, strict=True):
+            (produced if hit else sources).append(e)
         out[n.id] = ReadPlan(tuple(sources), tuple(produced))
-        idx.add(n.position, n.effects.produces)
     return out
 
 

@@ -133,7 +133,9 @@ class PlanStore:
         except PlanError as exc:
             raise SchedulerError(
                 "invalid_plan",
-                f"stored plan {plan_id!r} ({digest}) does not verify: {exc.message}; the plan store is corrupt",
+                f"stored plan {plan_id!r} ({digest}) does not verify: {exc.message}; either it was stored by a "
+                "version whose plan keys or digests differ from this one (finish or cancel such runs with the "
+                "version that started them, or start a new run of the plan) or the plan store was edited",
                 cause=exc,
                 plan_id=plan_id,
             ) from exc

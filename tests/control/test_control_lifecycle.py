@@ -1,7 +1,8 @@
 """The control plane's run lifecycle entries, on SQLite and PostgreSQL (seeds/001 "What the plane writes",
 "Versioned lifecycle and approval producer contract"): ``control.run.accepted`` then ``pending`` (no launcher
 took the launch), ``running`` (the executor activated it), ``completed``/``failed``/``cancelled`` (settlement),
-each carrying ``{factVersion: 1, baseline, run}`` with ``run`` the run as that transaction left it; a transition
+each carrying ``{factVersion: 1, baseline, run}`` with ``run`` the run's summary (camelCase members, control
+statuses: ``accepted`` for an admitted run not yet driven) as that transaction left it; a transition
 that rolls back leaves none; ``smthrs watch`` delivers them as they were written."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def lifecycle(db: Database, run_id: str) -> list[JournalEvent]:
 def check_fact(event: JournalEvent, run_id: str, status: str, baseline: str = "created") -> None:
     p = event.payload
     assert p["factVersion"] == 1 and p["baseline"] == baseline, event
-    assert p["run"]["run_id"] == run_id and p["run"]["status"] == status, event
+    assert p["run"]["runId"] == run_id and p["run"]["status"] == status, event
 
 
 def admitted(control: Control, launcher: Any = None, key: str = "k") -> str:
@@ -60,8 +61,8 @@ def test_a_run_no_launcher_takes_is_journaled_accepted_then_pending_with_the_cre
     run_id = admitted(control)
     accepted, pending = lifecycle(db, run_id)
     assert (accepted.type, pending.type) == ("control.run.accepted", "control.run.pending")
-    check_fact(accepted, run_id, "pending")
-    check_fact(pending, run_id, "pending")
+    check_fact(accepted, run_id, "accepted")
+    check_fact(pending, run_id, "accepted")
     assert (accepted.source_id, accepted.source_seq) == (ACCEPTED_SOURCE, 0)
     assert accepted.payload["receiptId"] == pending.payload["receiptId"]
 
@@ -71,7 +72,7 @@ def test_a_launched_run_is_not_journaled_pending(
 ) -> None:
     run_id = admitted(control, launcher)
     assert [e.type for e in lifecycle(db, run_id)] == ["control.run.accepted"]
-    check_fact(lifecycle(db, run_id)[0], run_id, "pending")
+    check_fact(lifecycle(db, run_id)[0], run_id, "accepted")
 
 
 def test_a_refused_launch_is_journaled_failed_with_the_failed_run(
@@ -83,7 +84,7 @@ def test_a_refused_launch_is_journaled_failed_with_the_failed_run(
     assert [e.type for e in events] == ["control.run.accepted", "control.run.failed"]
     check_fact(events[1], run_id, "failed")
     assert events[1].payload["reason"] == "launch-refused"
-    assert events[1].payload["run"]["finished_at_ms"] is not None
+    assert events[1].payload["run"]["finishedAt"] is not None
 
 
 def test_cancelling_a_pending_run_is_journaled_cancel_requested_then_cancelled(
@@ -99,8 +100,8 @@ def test_cancelling_a_pending_run_is_journaled_cancel_requested_then_cancelled(
         "control.run.cancelled",
     ]
     requested, cancelled = events[2], events[3]
-    check_fact(requested, run_id, "pending")
-    assert requested.payload["run"]["cancel_requested_at_ms"] is not None
+    check_fact(requested, run_id, "accepted")
+    assert requested.payload["run"]["cancelRequestedAt"] is not None
     assert requested.payload["reason"] == "wrong tag"
     check_fact(cancelled, run_id, "cancelled")
 
@@ -110,7 +111,7 @@ def test_a_resume_is_journaled_with_the_run_it_found(control: Control, db: Datab
     assert isinstance(control.resume(run_id, idempotency_key="r1"), Accepted)
     resume = lifecycle(db, run_id)[-1]
     assert resume.type == "control.run.resume"
-    check_fact(resume, run_id, "pending")
+    check_fact(resume, run_id, "accepted")
 
 
 def test_activation_and_settlement_entries_carry_the_row_their_transaction_left(
@@ -132,7 +133,7 @@ def test_activation_and_settlement_entries_carry_the_row_their_transaction_left(
     assert [e.type for e in events][-2:] == ["control.run.running", "control.run.completed"]
     check_fact(events[-2], run_id, "running")
     check_fact(events[-1], run_id, "completed")
-    assert events[-1].payload["run"]["finished_at_ms"] is not None
+    assert events[-1].payload["run"]["finishedAt"] is not None
 
 
 def test_a_run_the_control_plane_did_not_admit_gets_no_control_entries(db: Database) -> None:
@@ -219,7 +220,7 @@ def test_a_run_admitted_by_an_older_producer_gets_the_legacy_baseline(control: C
 def test_watch_delivers_the_lifecycle_entries_as_written(control: Control, db: Database) -> None:
     run_id = admitted(control)
     control.cancel(run_id)
-    watched = [e for e in watch(db, run_id) if e.kind.startswith("control.run.")]
+    watched = [e for e in watch(db, run_id, follow=False) if e.kind.startswith("control.run.")]
     written = lifecycle(db, run_id)
     assert [(e.kind, e.sequence, e.payload) for e in watched] == [(e.type, e.seq, e.payload) for e in written]
     assert watched[-1].to_json()["payload"]["run"]["status"] == "cancelled"
@@ -249,5 +250,5 @@ def test_a_driven_plan_run_is_journaled_accepted_running_completed_in_order(rt: 
         "control.run.running",
         "control.run.completed",
     ]
-    for event, status in zip(events, ("pending", "running", "completed"), strict=True):
+    for event, status in zip(events, ("accepted", "running", "completed"), strict=True):
         check_fact(event, receipt.run_id, status)

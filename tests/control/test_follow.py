@@ -1,6 +1,6 @@
 """The retry loop of ``smthrs run --key`` / ``resume`` (``cli/_control_support.follow``), in-process on a manual clock:
-a dead owner's run is taken over at EXACTLY the seed's lease expiry (30,000 ms of heartbeat age, not one tick
-earlier), waited for with a progress line; a live owner is reported with who it is (``--no-wait``); a live owner
+a dead owner's run is taken over at EXACTLY the lease expiry (the first millisecond past 30,000 ms of heartbeat
+age: exactly 30,000 ms is still fresh), waited for with a progress line; a live owner is reported with who it is (``--no-wait``); a live owner
 past its lease (the liveness check vouches) is refused once in the journal and not stolen. Time moves only through
 the clock the control plane was given (``auto_advance``: each poll sleeps exactly ``wait_poll_s``)."""
 
@@ -63,7 +63,7 @@ def _held_by_gone(db: Database, settings: Settings, clock: ManualClock) -> tuple
     return card, receipt.run_id  # type: ignore[union-attr]
 
 
-def test_a_dead_owner_is_taken_over_at_exactly_30_000_ms_of_lease_age_with_a_progress_line(
+def test_a_dead_owner_is_taken_over_at_exactly_30_001_ms_of_lease_age_with_a_progress_line(
     db: Database, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock = ManualClock(auto_advance=True)
@@ -73,7 +73,7 @@ def test_a_dead_owner_is_taken_over_at_exactly_30_000_ms_of_lease_age_with_a_pro
     launcher = Finishing(db, retry)
     again = lambda: retry.run(card, idempotency_key="k", launcher=launcher)  # noqa: E731
     assert follow(retry, run_id, again) is None
-    assert launcher.attempts == [(lease + 30_000, "Activated")]  # the first attempt, and not one tick earlier
+    assert launcher.attempts == [(lease + 30_001, "Activated")]  # the first attempt, and not one tick earlier
     assert RunStore(db).get(run_id).status == "completed"  # type: ignore[union-attr]
     steal = [e for e in Journal(db).read(run_id, limit=1000) if e.type == "stolen-and-activated"]
     assert [(e.payload["evidence"], e.payload["lease"]) for e in steal] == [("lease-expired", lease)]
@@ -90,13 +90,13 @@ def test_with_no_wait_a_held_run_is_answered_with_its_owner_and_nothing_is_attem
     retry = Control(db, settings=settings, clock=clock)
     launcher = Finishing(db, retry)
     held = follow(retry, run_id, lambda: retry.run(card, idempotency_key="k", launcher=launcher), wait=False)
-    assert held == Held(run_id, "running", GONE, 12_000, 18_000)
+    assert held == Held(run_id, "running", GONE, 12_000, 18_001)
     assert held.to_json() == {
         "host": "ctl-host",
         "pid": 999_999,
         "nonce": "gone",
         "lease_age_ms": 12_000,
-        "lease_expires_in_ms": 18_000,
+        "lease_expires_in_ms": 18_001,
     }
     assert launcher.attempts == []
 
@@ -106,7 +106,7 @@ def test_a_live_owner_past_its_lease_is_refused_once_in_the_journal_and_never_st
 ) -> None:
     clock = ManualClock(auto_advance=True)
     card, run_id = _held_by_gone(db, settings, clock)
-    clock.advance(settings.stale_after_s)
+    clock.advance(settings.stale_after_s + 0.001)
     retry = Control(db, settings=settings, clock=clock, liveness=Vouching())
     launcher = Finishing(db, retry)
     again = lambda: retry.run(card, idempotency_key="k", launcher=launcher)  # noqa: E731

@@ -28,7 +28,7 @@ def test_readme_observe_example_runs(
         rt.scheduler(run_id="demo-1").run(plan, executor=lambda inp: {"node": inp.node.id})
         db = rt.db
 
-    events = list(watch(db, "demo-1"))  # a finite snapshot of the run's journal
+    events = list(watch(db, "demo-1", follow=False))  # a finite snapshot; omit follow for the live stream
     print([e.kind for e in events][-2:])  # ['node-settled', 'run-settled']
     with watch(db, "demo-1", follow=True, after_cursor=events[-1].cursor) as live:
         rt.journal.append("demo-1", "note", {"by": "me"})  # any process may append; the tail polls the table
@@ -48,7 +48,7 @@ def test_readme_observe_example_runs(
     assert out[2] == "['demo-1'] None"
     assert out[3].startswith("Missing(run_id='nope', deleted=False, revision=")
     assert out[4] == "['demo-1']"
-    assert out[5] == "['smthrs_engine_boundary_settlements', 'smthrs_engine_dispatch_duration']"
+    assert out[5] == "['flows_engine_boundary_settlements', 'flows_engine_dispatch_duration']"
     from smthrs_plugin.cli import app
 
     url = "sqlite:///.smthrs/state.db"

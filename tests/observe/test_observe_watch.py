@@ -104,7 +104,7 @@ def test_follow_resumed_20_times_from_its_cursor_sees_another_process_appends_ex
     # commits reach this one: its in-process subscription never hears of them).
     assert snapshot > 0 and tail > 0 and snapshot + tail == total
     # Nothing after the last cursor: the 21st session's snapshot is empty.
-    assert list(watch(db, "run-w", after_cursor=cursor)) == []
+    assert list(watch(db, "run-w", follow=False, after_cursor=cursor)) == []
 
 
 def test_follow_hands_off_from_snapshot_to_tail_without_gap_or_duplicate_under_local_appends(
@@ -134,10 +134,10 @@ def test_a_finite_snapshot_ends_and_resumes_after_a_sequence_or_cursor(
     for i in range(5):
         journal.append("run-s", "step", {"i": i})
     journal.append("run-other", "step", {"i": 99})
-    events = list(watch(db, "run-s"))
+    events = list(watch(db, "run-s", follow=False))
     assert [e.sequence for e in events] == [0, 1, 2, 3, 4]
-    assert [e.sequence for e in watch(db, "run-s", after_sequence=2)] == [3, 4]
-    assert [e.sequence for e in watch(db, "run-s", after_cursor=events[1].cursor)] == [2, 3, 4]
+    assert [e.sequence for e in watch(db, "run-s", follow=False, after_sequence=2)] == [3, 4]
+    assert [e.sequence for e in watch(db, "run-s", follow=False, after_cursor=events[1].cursor)] == [2, 3, 4]
     assert events[0].occurred_at > 0 and events[0].payload == {"i": 0}
 
 
@@ -148,7 +148,7 @@ def test_an_unscoped_snapshot_reads_every_partition_in_bounded_batches_keeping_e
     for round_ in range(4):
         for p in partitions:
             journal.append(p, "step", {"round": round_})
-    events = list(watch(db))
+    events = list(watch(db, follow=False))
     assert len(events) == 4 * len(partitions)
     by_partition: dict[str, list[int]] = {}
     for e in events:
@@ -218,7 +218,7 @@ def test_watch_cursors_are_bound_to_their_partition_and_database(
     db: Database, journal: Journal, tmp_path: Path
 ) -> None:
     journal.append("run-a", "step", {})
-    cursor = next(iter(watch(db, "run-a"))).cursor
+    cursor = next(iter(watch(db, "run-a", follow=False))).cursor
     with pytest.raises(ControlError) as err:
         watch(db, "run-b", after_cursor=cursor)
     assert err.value.code == "invalid_cursor"

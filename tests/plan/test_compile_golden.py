@@ -2,7 +2,10 @@
 
 Node keys and the plan digest are persisted and approvals bind to them, so a compile change that alters one
 byte of them breaks every stored approval. ``compile_golden.json`` was produced by the pre-optimisation
-compiler (``python tests/plan/golden_plans.py``); every seed must still fingerprint the same.
+compiler (``python tests/plan/golden_plans.py``) and regenerated once, deliberately, when plan keys, dispatch
+keys and the plan digest became the reference implementation's (tests/plan/test_reference_goldens.py) and edges
+came to be inferred by data whatever the declaration order (tests/plan/test_compile_reference_edges.py); every
+seed must still fingerprint the same.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _key(draft: sp.plan.NodeDraft, up: dict[str, str]) -> None:
     _same(
         lambda: plan_key(draft, up),
         lambda: _plan_key_reference(draft, up),
-        lambda: _canon.plan_key(draft, up, _canon.effects(draft.effects), {}),
+        lambda: _canon.plan_key(draft, up, {}),
     )
 
 
@@ -166,9 +166,9 @@ def test_effects_text_equals_the_canonical_effects_json() -> None:
         assert _canon.effects(effects) == canonical_bytes(effects_json(effects)).decode("utf-8")
 
 
-def test_exact_file_entries_are_ordered_and_deduplicated_as_the_reference_orders_them() -> None:
-    # '"', control characters and non-ASCII sort differently once escaped: the exact-files fast path orders by
-    # the escaped text, as entry_list does (json.dumps text), and drops entries only when that text is equal
+def test_exact_file_entries_keep_their_declared_order_and_duplicates_as_the_reference_path_does() -> None:
+    # The digest's node effects are the declaration as made (declaration order; the duplicates a bypassing
+    # caller could plant stay): '"', control characters and non-ASCII escape, and must not reorder anything
     from smthrs_plugin.canonical import canonical_bytes
     from smthrs_plugin.plan._keys import effects_json
 

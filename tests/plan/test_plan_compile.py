@@ -198,14 +198,15 @@ def test_over_maximum_plan_nodes_is_elaboration_failed() -> None:
 # ---------------------------------------------------------------------------------------------- annotation
 
 
-def test_serialize_adds_an_edge_from_the_later_writer_to_the_earlier() -> None:
+def test_serialize_adds_an_edge_from_the_later_writer_to_the_earlier_and_annotates_both() -> None:
     plan = sp.plan.compile_plan(
         "p", "f", [sp.plan.node("a", writes=["out/x"]), sp.plan.node("b", writes=["out/"])]
     )
     assert plan.node("b").depends_on == ("a",)
     [c] = plan.node("b").conflicts
-    assert (c.with_, c.strategy, c.runtime) == ("a", "serialize", "delay-rebase")
-    assert plan.node("a").conflicts == ()
+    assert (c.with_, c.paths, c.strategy, c.runtime) == ("a", ("out/x",), "serialize", "delay-rebase")
+    [c] = plan.node("a").conflicts  # the same annotation, naming the other side: the earlier node's paths
+    assert (c.with_, c.paths, c.strategy, c.runtime) == ("b", ("out/x",), "serialize", "delay-rebase")
 
 
 def test_lane_annotates_without_an_edge_and_stop_merge_wins_the_runtime() -> None:
@@ -220,14 +221,18 @@ def test_lane_annotates_without_an_edge_and_stop_merge_wins_the_runtime() -> Non
     assert plan.node("b").depends_on == ()
     [c] = plan.node("b").conflicts
     assert (c.with_, c.strategy, c.runtime) == ("a", "lane", "stop-merge")
+    [c] = plan.node("a").conflicts
+    assert (c.with_, c.strategy, c.runtime) == ("b", "lane", "stop-merge")
 
 
-def test_serialized_writers_form_a_chain_not_a_clique() -> None:
+def test_serialized_writers_of_one_path_are_each_ordered_after_every_earlier_one() -> None:
+    # A serialize edge does not make a later pair "already ordered": every pair is annotated and edged.
     plan = sp.plan.compile_plan("p", "f", [sp.plan.node(f"w{i}", writes=["out/x"]) for i in range(4)])
-    assert _deps(plan) == {"w0": (), "w1": ("w0",), "w2": ("w1",), "w3": ("w2",)}
+    assert _deps(plan) == {"w0": (), "w1": ("w0",), "w2": ("w0", "w1"), "w3": ("w0", "w1", "w2")}
+    assert [len(n.conflicts) for n in plan.nodes] == [3, 3, 3, 3]
 
 
-def test_reader_after_writer_edge_and_source_reads_before_a_later_writer() -> None:
+def test_a_reader_follows_the_writers_of_what_it_reads_declared_before_or_after_it() -> None:
     plan = sp.plan.compile_plan(
         "p",
         "f",
@@ -239,13 +244,23 @@ def test_reader_after_writer_edge_and_source_reads_before_a_later_writer() -> No
         ],
     )
     assert plan.node("lint").depends_on == ("gen",)
-    # 'early' comes after 'late' in plan order (declaration order), so it is a reader after a writer too
     assert plan.node("early").depends_on == ("late",)
-    source = sp.plan.compile_plan(
+    before = sp.plan.compile_plan(
         "p", "f", [sp.plan.node("early", reads=["docs/x"]), sp.plan.node("late", writes=["docs/x"])]
     )
-    # a read before an explicitly later writer stays a source read
-    assert source.node("early").depends_on == ()
+    # declared before its writer, a reader still follows it (the edge points to a later plan position)
+    assert before.node("early").depends_on == ("late",)
+    assert [n.id for n in before.nodes] == ["early", "late"]
+    source = sp.plan.compile_plan(
+        "p",
+        "f",
+        [
+            sp.plan.node("early", reads=["docs/x"]),
+            sp.plan.node("late", writes=["docs/x"], inputs=[sp.plan.Pending("early")]),
+        ],
+    )
+    # a writer that itself depends on the reader keeps that order: the reader reads the source
+    assert source.node("early").depends_on == () and source.node("late").depends_on == ("early",)
 
 
 def test_a_node_reading_its_own_output_gets_no_self_edge() -> None:
@@ -444,8 +459,9 @@ def test_depends_on_is_material_dependencies_then_compile_edges_each_once() -> N
     nodes = {n.id: n for n in sp.plan.compile_plan("p", "f", drafts).nodes}
     assert nodes["c"].depends_on == ("b", "a")
     assert nodes["d"].depends_on == ("b", "a")
-    assert nodes["e"].depends_on == ()  # reads before the writers: source reads, no edge
-    assert nodes["f"].depends_on == tuple(f"w{i}" for i in range(11, -1, -1))  # nearest producer first
+    # a reader follows every producer of what it reads, declared before or after it, in plan order
+    assert nodes["e"].depends_on == tuple(f"w{i}" for i in range(12))
+    assert nodes["f"].depends_on == tuple(f"w{i}" for i in range(12))
 
 
 def test_an_input_that_bypassed_validation_is_refused_as_invalid_node() -> None:

@@ -83,11 +83,18 @@ def test_flatten_expands_filegroups_in_order_and_classifies_strings() -> None:
         (TreeArtifact(path="dist/sub"), TreeArtifact(path="dist"), True),
         (Glob(include=("src/*.py",)), "src/a.py", True),  # exact×glob: decided precisely
         (Glob(include=("src/*.py",)), "src/a.c", False),
-        (Glob(include=("a/*",)), Glob(include=("b/*",)), True),  # glob×glob: always (conservative)
-        (Glob(include=("a/*",)), TreeArtifact(path="b"), True),  # tree×glob: always (conservative)
+        # glob×glob and tree×glob: conservative, unless the static prefixes prove them disjoint
+        (Glob(include=("a/*",)), Glob(include=("b/*",)), False),
+        (Glob(include=("a/*",)), TreeArtifact(path="b"), False),
+        (Glob(include=("a/*",)), Glob(include=("a/x/*",)), True),
+        (Glob(include=("**/*.js",)), Glob(include=("b/*",)), True),
+        (Glob(include=("a/*",)), TreeArtifact(path="a/deep"), True),
+        (Glob(include=("a/deep/**",)), TreeArtifact(path="a"), True),
+        (Glob(include=("a/*", "b/*")), TreeArtifact(path="b"), True),
+        (Glob(include=("*.js",)), TreeArtifact(path="dist"), True),
     ],
 )
-def test_overlap_is_precise_for_paths_and_conservative_for_globs(
+def test_overlap_is_precise_for_paths_and_conservative_for_globs_unless_prefixes_are_disjoint(
     a: object, b: object, expected: bool
 ) -> None:
     assert entries_overlap(a, b) is expected  # type: ignore[arg-type]

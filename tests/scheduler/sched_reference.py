@@ -106,6 +106,8 @@ class ReferenceCoordinator:
             self.state[n] = "running"
             self.in_flight.add(n)
         preps = [self.s.prepare(n, rebase=False) for n in admitted]
+        for p in preps:
+            p.waited = self.waited[p.node.id]  # its aging bonus when admitted (journaled in node-scheduled)
         submit = []
         for p in preps:
             if p.action == "dispatch":

@@ -322,7 +322,7 @@ def test_the_live_view_resumes_from_its_last_cursor_across_a_server_restart_with
         control.approve(NodeTarget(run_id, "ship", asked.digest, asked.envelope))
         control.resume(run_id, idempotency_key="r", launcher=PlanLauncher(rt, {}))
         assert control.show(run_id).status == "completed"
-        with watch(rt.db, run_id) as stream:
+        with watch(rt.db, run_id, follow=False) as stream:
             journal = [e.sequence for e in stream]
 
     with serve(ws, tmp_path / "serve-2.log", port=port):

@@ -98,11 +98,12 @@ def _ctx(age_ms: int, claimant: OwnerId, proc_start: str | None = None) -> Liven
     return LivenessContext(claimant, 1_000_000 - age_ms, 1_000_000, 30_000, 10_000, proc_start)
 
 
-def test_the_lease_expires_at_exactly_30_000_ms_of_heartbeat_age_with_no_skew_added() -> None:
-    # Seed 004 / SEMANTICS.md §5: stale at 30 s of heartbeat age; the skew allowance (10 s in _ctx) is NOT added.
+def test_the_lease_expires_after_exactly_30_000_ms_of_heartbeat_age_with_no_skew_added() -> None:
+    # heartbeat_at >= now - 30 s is fresh (30,000 ms of age included); the skew allowance (10 s in _ctx) is NOT added.
     check, me, them = LeaseLiveness(), owner("me"), owner("them", host="elsewhere")
     assert check.check(them, _ctx(29_999, me)) == Alive("lease-fresh")
-    assert check.check(them, _ctx(30_000, me)) == Dead("lease-expired")
+    assert check.check(them, _ctx(30_000, me)) == Alive("lease-fresh")
+    assert check.check(them, _ctx(30_001, me)) == Dead("lease-expired")
 
 
 def test_the_same_host_probe_is_consulted_only_for_an_expired_lease() -> None:
@@ -115,17 +116,17 @@ def test_the_same_host_probe_is_consulted_only_for_an_expired_lease() -> None:
     gone = OwnerId("host-a", dead.pid, "x")
     # A dead same-host pid under a FRESH lease is not stolen early: the lease answers, the pid is not consulted.
     assert probe.check(gone, _ctx(0, me)) == Alive("lease-fresh")
-    assert probe.check(gone, _ctx(29_999, me)) == Alive("lease-fresh")
-    assert probe.check(gone, _ctx(30_000, me)) == Dead("same-host-pid-dead")
+    assert probe.check(gone, _ctx(30_000, me)) == Alive("lease-fresh")
+    assert probe.check(gone, _ctx(30_001, me)) == Dead("same-host-pid-dead")
     # A live pid whose start time differs from the recorded one was recycled: the owner is dead (lease expired).
-    assert probe.check(alive_owner, _ctx(30_000, me, proc_start="boot:1")) == Dead("same-host-pid-dead")
+    assert probe.check(alive_owner, _ctx(30_001, me, proc_start="boot:1")) == Dead("same-host-pid-dead")
     assert probe.check(alive_owner, _ctx(0, me, proc_start="boot:1")) == Alive("lease-fresh")
-    assert probe.check(alive_owner, _ctx(30_000, me, proc_start=process_start_token(os.getpid()))) == Alive(
+    assert probe.check(alive_owner, _ctx(30_001, me, proc_start=process_start_token(os.getpid()))) == Alive(
         "probe"
     )
     remote = OwnerId("host-b", os.getpid(), "r")
     assert probe.check(remote, _ctx(1_000, me)) == Alive("lease-fresh")
-    assert probe.check(remote, _ctx(30_000, me)) == Dead("cross-host-unreachable-stale")
+    assert probe.check(remote, _ctx(30_001, me)) == Dead("cross-host-unreachable-stale")
 
 
 def test_a_dead_same_host_owner_is_stolen_at_30_s_never_earlier(
@@ -141,8 +142,8 @@ def test_a_dead_same_host_owner_is_stolen_at_30_s_never_earlier(
     thief = Ownership(
         db, owner=owner("thief"), journal=journal, clock=clock, settings=settings, liveness=SameHostPidProbe()
     )
-    clock.advance(settings.stale_after_s - 0.001)
-    assert isinstance(thief.claim("r"), HeartbeatFresh)
+    clock.advance(settings.stale_after_s)
+    assert isinstance(thief.claim("r"), HeartbeatFresh)  # exactly the stale window old: still fresh
     clock.advance(0.001)
     stolen = thief.claim("r")
     assert isinstance(stolen, Activated) and stolen.evidence == "same-host-pid-dead"
@@ -160,13 +161,14 @@ def test_a_live_same_host_owner_with_an_expired_lease_is_refused_with_probe_evid
         db, owner=owner("thief"), journal=journal, clock=clock, settings=settings, liveness=SameHostPidProbe()
     )
     assert isinstance(thief.claim("r"), HeartbeatFresh)
-    assert [e.type for e in journal.read("r")].count("steal-refused-owner-alive") == 0
-    clock.advance(settings.stale_after_s)
+    records = [e for e in journal.read("r") if e.type == "steal-refused-owner-alive"]
+    assert [r.payload["evidence"] for r in records] == ["lease-fresh"]  # the fresh lease refused, journaled
+    clock.advance(settings.stale_after_s + 0.001)
     for _ in range(3):
         refused = thief.claim("r")
         assert isinstance(refused, StealRefusedOwnerAlive) and refused.evidence == "probe"
     records = [e for e in journal.read("r") if e.type == "steal-refused-owner-alive"]
-    assert len(records) == 1 and records[0].payload["evidence"] == "probe"
+    assert [r.payload["evidence"] for r in records] == ["lease-fresh", "probe"]
 
 
 def test_pid_alive_treats_zombies_as_dead() -> None:

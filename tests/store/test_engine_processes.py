@@ -228,7 +228,7 @@ def test_a_sigkilled_owner_is_reclaimed_by_a_same_host_pid_probe_at_its_lease_ex
     clock = ManualClock(start_ms=SystemClock().now_ms())
     claimant = Ownership(db, owner=claimant.owner, liveness=SameHostPidProbe(), clock=clock)
     assert type(claimant.claim("killed")).__name__ == "HeartbeatFresh"
-    clock.advance(claimant.settings.stale_after_s)
+    clock.advance(claimant.settings.stale_after_s + 0.001)  # past the stale window from the last beat
     decision = claimant.claim("killed")
     assert isinstance(decision, Activated) and decision.evidence == "same-host-pid-dead"
     assert decision.stolen_from is not None and decision.stolen_from.pid == activated["pid"]

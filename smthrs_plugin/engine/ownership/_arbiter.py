@@ -15,18 +15,24 @@ Invariants:
   journal record are one statement too (see records.runs.RunUpdate.write_journaled).
 - A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
   verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
-  ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired (heartbeat age ≥
-  ``stale_after``, exactly 30,000 ms, no skew added — seed 004): a fresh heartbeat is :class:`HeartbeatFresh`
-  without asking; an :class:`Alive` verdict on an expired lease is :class:`StealRefusedOwnerAlive`,
-  journaled ``steal-refused-owner-alive {evidence}`` ONCE per (run, owner, lease, evidence) through the journal's
-  idempotent address (source sequence 0). "The lease" is the heartbeat timestamp refused against.
+  ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired: a lease is fresh while
+  ``heartbeat_at >= now - stale_after`` (30,000 ms, no skew added), so a heartbeat exactly 30,000 ms old is still
+  fresh and the first expired age is 30,001 ms. An :class:`Alive` verdict on an expired lease is
+  :class:`StealRefusedOwnerAlive`, journaled ``steal-refused-owner-alive {evidence}`` ONCE per (run, owner, lease,
+  evidence) through the journal's idempotent address (source sequence 0). "The lease" is the heartbeat timestamp
+  refused against.
+- A fresh lease is :class:`HeartbeatFresh` without asking the check, and is journaled too, as
+  ``steal-refused-owner-alive {owner, lease, evidence: "lease-fresh"}`` — but ONCE per (run, owner), naming the
+  lease of the first such refusal, not once per lease: a live owner renews its lease every second, so a per-lease
+  record would let a claimer that waits (a retrying CLI, a worker) write one record per retry. A repeat costs one
+  indexed read and writes nothing.
 - The liveness check runs OUTSIDE the write transaction (a probe may be slow; the SQLite write lock must not
   wait on it); the steal then re-checks that the row is still exactly what was judged.
 - Time comes from the injected clock; the stale window from Settings (SEMANTICS.md §5: stale after 30 s; the 10 s
   skew allowance only derives the heartbeater's 19 s self-interrupt tolerance; tests shorten them with
   SMTHRS_STALE_AFTER_S etc.).
 
-Prior art: the reference's ``Ownership`` and its journal records (seed 004, ownership-and-fencing).
+Prior art: the reference's ``Ownership`` and its journal records (ownership and fencing).
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..._clock import SYSTEM_CLOCK, Clock
 from ...errors import FenceLost, StoreError
-from ...records._journal import Journal
+from ...records._journal import Journal, addressed_seq
 from ...records._runs import (
     ACTIVATE,
     CLEAR_CLAIM,
@@ -257,8 +264,9 @@ class Ownership:
             owner_proc_start=row.owner_proc_start,
         )
         if not ctx.lease_expired:
-            # Seed 004: liveness is consulted only for a run whose lease has expired (30,000 ms of heartbeat age,
-            # no skew): a fresh lease is the owner's, whatever a probe would say.
+            # Liveness is consulted only for a run whose lease has expired (no skew added): a fresh lease is the
+            # owner's, whatever a probe would say. The refusal is still auditable, once per owner.
+            self._journal_lease_fresh(row.run_id, recorded, lease)
             return HeartbeatFresh(row.run_id, recorded, lease)
         verdict = self.liveness.check(recorded, ctx)
         if isinstance(verdict, Dead):
@@ -273,6 +281,31 @@ class Ownership:
             source_seq=0,
         )
         return StealRefusedOwnerAlive(row.run_id, recorded, lease, verdict.evidence)
+
+    def _journal_lease_fresh(self, run_id: str, recorded: OwnerId, lease: int) -> None:
+        """``steal-refused-owner-alive {evidence: lease-fresh}`` for ``run_id`` held by ``recorded``, unless one is
+        journaled already (see the module invariants: once per run and owner, not per lease)."""
+        source_id = f"ownership/steal-refused/{recorded}/lease-fresh"
+        # The address lookup answers NULL or the entry's sequence (a SELECT of a scalar subquery is one row).
+        probe = sa.select(addressed_seq(run_id, source_id, 0))
+        if self.db.read(lambda c: c.execute(probe).scalar()) is not None:
+            return  # the common repeat: a read, no write transaction
+
+        def write(conn: Connection) -> None:
+            # Re-checked under the write lock: two claimers racing to the first refusal would otherwise collide on
+            # the address with different leases (an idempotency conflict) instead of keeping the first record.
+            if conn.execute(probe).scalar() is not None:
+                return
+            self.journal.append_in(
+                conn,
+                run_id,
+                "steal-refused-owner-alive",
+                {"owner": recorded.to_json(), "lease": lease, "evidence": "lease-fresh"},
+                source_id=source_id,
+                source_seq=0,
+            )
+
+        self.db.write(write)
 
     def _steal(self, conn: Connection, judged: Any, recorded: OwnerId, lease: int, evidence: str) -> Any:
         row = _select_row(conn, judged.run_id)
@@ -319,7 +352,9 @@ class Ownership:
                 "b_nonce": o.nonce,
                 "b_token": token,
                 "b_now": now,
-                "b_stale": self.stale_after_ms,
+                # The statement reclaims a claim at least ``b_stale`` old; a claim exactly ``stale_after`` old is
+                # still fresh (the lease rule above), so the first reclaimable age is one millisecond later.
+                "b_stale": self.stale_after_ms + 1,
             },
         )
         if reserved is not None:
@@ -343,7 +378,7 @@ class Ownership:
             self.owner.pid,
             self.owner.nonce,
         )
-        if row.claim_token is not None and not mine and now - int(row.claimed_at_ms) < self.stale_after_ms:
+        if row.claim_token is not None and not mine and now - int(row.claimed_at_ms) <= self.stale_after_ms:
             return ClaimLost(run_id, OwnerId(row.claim_host, int(row.claim_pid), row.claim_nonce), "claimed")
         token = uuid.uuid4().hex
         bump_run(

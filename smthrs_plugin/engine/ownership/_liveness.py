@@ -4,14 +4,15 @@ Invariant: a check never *acts*; it answers :class:`Alive` or :class:`Dead` with
 journal records (``lease-fresh | probe`` for refusals; ``lease-expired | same-host-pid-dead |
 cross-host-unreachable-stale`` for steals). The arbiter (``ownership.Ownership``) decides and fences.
 
-- The lease expires at EXACTLY ``stale_after`` (30,000 ms) of heartbeat age (SEMANTICS.md §5, seed 004: "``isAlive``
-  decides whether a run whose lease has expired may be stolen"). No skew is added: the skew allowance only derives
-  the owner's self-interrupt write tolerance (30 − 10 − 1 = 19 s, ``_heartbeat.py``). A check is consulted only for
-  an expired lease — the arbiter (``Ownership._arbitrate``, ``control.launch.judge_claim``) answers a fresh lease
-  itself without asking — and each shipped check also answers ``lease-fresh`` for a fresh lease on its own, so
-  no caller can make it steal early.
-- :class:`LeaseLiveness` (the default; the only evidence every host has): alive while the persisted heartbeat is
-  younger than ``stale_after``, gone (``lease-expired``) once it is not.
+- A lease is fresh while ``heartbeat_at >= now - stale_after`` (30,000 ms): a heartbeat exactly 30,000 ms old is
+  still fresh, and the lease has expired from 30,001 ms of age on (the reference engine's comparison, so two
+  implementations sharing a database agree on the boundary millisecond). No skew is added: the skew allowance only
+  derives the owner's self-interrupt write tolerance (30 − 10 − 1 = 19 s, ``_heartbeat.py``). A check is consulted
+  only for an expired lease — the arbiter (``Ownership._arbitrate``, ``control.launch.judge_claim``) answers a
+  fresh lease itself without asking — and each shipped check also answers ``lease-fresh`` for a fresh lease on its
+  own, so no caller can make it steal early.
+- :class:`LeaseLiveness` (the default; the only evidence every host has): alive while the persisted heartbeat is at
+  most ``stale_after`` old, gone (``lease-expired``) once it is older.
 - :class:`SameHostPidProbe`: for an EXPIRED lease only, and only when the owner's host id equals the claimant's
   (a pid names a process only inside its own host), ``kill(pid, 0)`` decides: a dead pid is a steal
   (``same-host-pid-dead``), a live pid refuses for as long as it lives (``probe``). Other hosts fall back to the
@@ -86,8 +87,9 @@ class LivenessContext:
 
     @property
     def lease_expired(self) -> bool:
-        """Whether the heartbeat is at least ``stale_after`` old (exactly; no skew added)."""
-        return self.lease_age_ms >= self.stale_after_ms
+        """Whether the heartbeat is MORE than ``stale_after`` old (no skew added): ``heartbeat_at >= now -
+        stale_after`` is a fresh lease, so exactly ``stale_after`` of age is still fresh."""
+        return self.lease_age_ms > self.stale_after_ms
 
 
 class LivenessCheck(Protocol):
@@ -98,7 +100,7 @@ class LivenessCheck(Protocol):
 
 
 class LeaseLiveness:
-    """Alive while ``now - heartbeat < stale_after``; the lease expires at exactly ``stale_after``."""
+    """Alive while ``now - heartbeat <= stale_after``; the lease has expired once the heartbeat is older."""
 
     def check(self, owner: OwnerId, ctx: LivenessContext) -> Verdict:
         if not ctx.lease_expired:

@@ -2,9 +2,10 @@
 
 Invariants:
 
-- A tick reads ``running`` rows whose heartbeat is at least the stale window old (exactly ``stale_after``, 30 s,
-  no skew added: the arbiter's own rule, seed 004), oldest heartbeat first (ties by run id), and arbitrates at most ``batch`` (64) of them through ``Ownership.steal``; a mass owner death drains
-  over several ticks instead of every driver waking every stale run every second.
+- A tick reads ``running`` rows whose lease expired — heartbeat MORE than the stale window old (``stale_after``,
+  30 s, no skew added: the arbiter's own rule; exactly 30 s is still fresh) — oldest heartbeat first (ties by run
+  id), and arbitrates at most ``batch`` (64) of them through ``Ownership.steal``; a mass owner death drains over
+  several ticks instead of every driver waking every stale run every second.
 - A refused steal defers that run for 2 ticks, doubling per consecutive refusal against the SAME lease (owner
   nonce + heartbeat), capped at the stale window in ticks (30). The scan reads PAST deferred rows, so the batch
   keeps advancing: without that, the oldest refused rows would fill every batch and a run behind them would
@@ -14,8 +15,8 @@ Invariants:
 - Journal records are the arbiter's business: a refusal is journaled once per (run, owner, lease, evidence)
   however many ticks see it (journal idempotency), not once per tick.
 
-Prior art: the reference driver's stale-running sweep (seed 004: "reads past exactly the rows it is going to
-skip, so its batch of 64 keeps advancing").
+Prior art: the reference driver's stale-running sweep, whose scan also passes over the rows it defers so a
+batch of 64 keeps moving.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class StaleSweep:
     def tick(self) -> SweepTick:
         """One pass (see module invariants)."""
         self._tick += 1
-        horizon = self.ownership.clock.now_ms() - self.ownership.stale_after_ms
+        # The newest expired heartbeat: ``heartbeat_at >= now - stale_after`` is a fresh lease.
+        horizon = self.ownership.clock.now_ms() - self.ownership.stale_after_ms - 1
         self._forget_departed(horizon)
         me = self.ownership.owner
         probed: list[tuple[str, ClaimDecision]] = []
