@@ -15,7 +15,7 @@ Three kinds of hit, each for the same small step (one 4 KiB declared read, one 4
 per-hit milliseconds (median, and mean) measured in this one run; ``miss`` is the built dispatch (sandbox +
 settle + publish) for scale. Not a test: nothing is asserted.
 
-Publisher trust (issue 13; every "machine" signs with and trusts one team key): the last block prints what
+Publisher trust (every "machine" signs with and trusts one team key): the last block prints what
 signing adds to a hit, measured side by side in this run — on a shared hit, judging the signed document
 (decode + RFC 8785 bytes + Ed25519 verify) vs the unsigned path (decode only), and the fresh listing of revocation
 markers a shared lookup makes; on a warm LOCAL hit, the revocation snapshot check (no round trip). Goal: ≤ 0.1 ms

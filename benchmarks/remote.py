@@ -1,4 +1,4 @@
-"""Remote execution (issue 17): does a plan scale out on Dask workers that share only S3 with the coordinator,
+"""Remote execution: does a plan scale out on Dask workers that share only S3 with the coordinator,
 and what does shipping a node's inputs and outputs through the artifact store cost over a shared filesystem?
 
     python benchmarks/remote.py [NODES] [ROUNDS]      (defaults: 64 CPU-bound nodes, 3 rounds)
@@ -22,7 +22,7 @@ worker runs the whole seam through a ``WorkerDispatcher`` on the shared workspac
 ``PrefectHost(execution="remote")`` (the coordinator runs the seam, the worker hydrates a private tree from S3 and
 returns a delta), ``ROUNDS`` alternating rounds of each so load from the machine's other tenants lands on both;
 medians printed (``node p50``: the median submit-to-settle time of one node, ``PrefectHost.durations_ms``), with
-the ratio remote / shared (issue 17 sets no goal for it: it is reported, not judged).
+the ratio remote / shared (no goal is set for it: it is reported, not judged).
 
 Nothing can be a cache hit: every variant and every round gets a fresh workspace (its own SQLite file: a fresh
 local cache tier) and a fresh bucket prefix ``s3://<bucket>/<variant>-<uuid>/cache`` (a fresh shared tier and

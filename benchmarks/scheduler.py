@@ -14,7 +14,7 @@ Both durable variants run twice: /full with SQLite ``synchronous=FULL`` (the def
 /normal with ``SMTHRS_SQLITE_SYNCHRONOUS=normal`` (WAL fsynced at checkpoints only; survives process crashes, may
 lose the last commits on an OS crash or power loss — see ``open_database``).
 
-P7 (issue #16), printed last: a durable no-op node (keys, attempt row, journal records, settlement; no sandbox)
+P7, printed last: a durable no-op node (keys, attempt row, journal records, settlement; no sandbox)
 against ONE raw SQLite ``synchronous=FULL`` commit (BEGIN IMMEDIATE, a one-row UPDATE, COMMIT) measured in this
 process, alternating rounds, medians; PostgreSQL beside it when ``SMTHRS_TEST_POSTGRES_URL`` is set (one raw
 SERIALIZABLE UPDATE transaction). ``SMTHRS_BENCH_ONLY=p7`` prints only that table. Goal: <= 1.0x on wide and

@@ -36,6 +36,7 @@ __all__ = [
     "PluginError",
     "CodecError",
     "RemoteError",
+    "passing_fault",
 ]
 
 
@@ -44,6 +45,8 @@ class SmthrsError(Exception):
 
     family: ClassVar[str] = "smthrs"
     codes: ClassVar[frozenset[str]] = frozenset()
+    #: The codes of this family that name a *passing fault of the environment* (see :func:`passing_fault`).
+    passing_codes: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self, code: str, message: str, *, cause: BaseException | None = None, **details: Any
@@ -163,7 +166,12 @@ class SchedulerError(SmthrsError):
 
 
 class StoreError(SmthrsError):
-    """The durable store refused or failed. ``cause`` keeps the driver's original exception."""
+    """The durable store refused or failed. ``cause`` keeps the driver's original exception.
+
+    Database faults are named by what they are (``stores/_dberrors.py``): ``unreachable`` (server down, bad host,
+    a file that cannot be opened), ``disk_full``, ``locked`` (a lock held past the wait), ``read_only``,
+    ``not_a_database`` (the file exists but is not SQLite), ``corrupt`` (a malformed database image),
+    ``schema_too_new``. The first four are passing faults (:func:`passing_fault`)."""
 
     family = "store"
     codes = _codes(
@@ -179,7 +187,22 @@ class StoreError(SmthrsError):
         "invalid_argument",
         "backup_failed",
         "restore_failed",
+        # database faults named by what they are (stores/_dberrors.py)
+        "disk_full",
+        "locked",
+        "not_a_database",
+        "corrupt",
     )
+    passing_codes = _codes("unreachable", "disk_full", "locked", "read_only")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`SmthrsError.to_dict`, but the ``cause`` shows only its first line: the rest of a SQLAlchemy
+        error's text is the failed statement and its parameters, which no output prints."""
+        out = super().to_dict()
+        if self.cause is not None:
+            lines = str(self.cause).strip().splitlines()
+            out["cause"] = f"{type(self.cause).__name__}: {lines[0] if lines else ''}"
+        return out
 
 
 class FenceLost(StoreError):
@@ -212,6 +235,7 @@ class ArtifactError(SmthrsError):
         "too_large",
         "not_a_file",
     )
+    passing_codes = _codes("unavailable")  # the store did not answer (endpoint gone, disk full, permissions)
 
 
 class BoundaryError(SmthrsError):
@@ -282,6 +306,8 @@ class CacheError(SmthrsError):
         # a step returned a value no value codec stores exactly; a step's declared exact read does not exist
         "value_uncacheable",
         "missing_read",
+        # a signed shared entry outside the bounds every reader enforces (size, depth): never published
+        "entry_out_of_bounds",
     )
 
 
@@ -302,6 +328,9 @@ class ControlError(SmthrsError):
         "source_changed",
         "invalid_options",
         "invalid_receipt",
+        # smthrs serve: a connection over a cap, a request that did not arrive in time
+        "too_many_connections",
+        "request_timeout",
     )
 
 
@@ -377,3 +406,18 @@ class RemoteError(SmthrsError):
         "unsupported_tree",
         "worker_failed",
     )
+
+
+def passing_fault(exc: BaseException | None) -> SmthrsError | None:
+    """The passing fault of the environment behind ``exc`` (itself, or on its ``cause``/``__cause__`` chain), else
+    None. A passing fault (a store unreachable, a full disk, a lock held too long, a read-only store, an artifact
+    store that did not answer) is nobody's decision and no node's failure: the same request may succeed unchanged
+    once it is gone, so a run it stops is left resumable, never settled ``failed``, and the CLI exits 75."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, SmthrsError) and exc.code in exc.passing_codes:
+            return exc
+        nxt = exc.cause if isinstance(exc, SmthrsError) and exc.cause is not None else exc.__cause__
+        exc = nxt
+    return None

@@ -58,7 +58,7 @@ from .engine.drive._driver import RunDriver
 from .engine.ownership._arbiter import Activated, Ownership, Terminal
 from .engine.ownership._liveness import LivenessCheck
 from .engine.waits._flow_waits import HostWaker, set_default_host_waker
-from .errors import FenceLost, SchedulerError
+from .errors import FenceLost, SchedulerError, passing_fault
 from .hooks._manager import Plugins, get_plugins
 from .hooks._wiring import observed_metrics, scheduler_options
 from .plan import ABSENT, Concurrency, Plan
@@ -129,9 +129,10 @@ class _PassLifecycle:
         active.stop_heartbeat()
         if isinstance(error, FenceLost):
             return  # another owner holds the run: nothing of ours to write
-        if isinstance(error, (RunParked, RunCancelled, RunReleased)):
+        if isinstance(error, (RunParked, RunCancelled, RunReleased)) or passing_fault(error) is not None:
             # A timer node beyond the wait budget parks the run at its stored deadline (``error.waiting`` says
-            # how); a cancellation settles it ``cancelled``; a shutdown releases it.
+            # how); a cancellation settles it ``cancelled``; a shutdown, or a passing fault of the environment (a
+            # full disk, the store gone: never the run's failure), releases it.
             active.conclude(error=error)
             return
         if report is not None:
@@ -168,7 +169,7 @@ class Runtime:
         trust: Trust | None = None,
     ) -> None:
         self.settings = settings
-        # Plugins (hooks/, issue 6): the only place they are consulted is this composition root.
+        # Plugins (hooks/): the only place they are consulted is this composition root.
         self.plugins: Plugins = plugins if plugins is not None else get_plugins()
         self._plugin_hosts: list[Host] = []
         self.workspace: Path = settings.workspace
@@ -183,9 +184,9 @@ class Runtime:
             db, owner=owner, journal=self.journal, liveness=liveness, settings=settings, clock=clock
         )
         self.waits = WaitStore(db, journal=self.journal, runs_store=self.runs, clock=clock)
-        # Value codecs (issue 20): built-ins + every plugin's `smthrs_value_codecs`; results are stored through them.
+        # Value codecs: built-ins + every plugin's `smthrs_value_codecs`; results are stored through them.
         self.codecs: CodecRegistry = self.plugins.codecs(settings)
-        # Publisher trust (issue 13) from SMTHRS_CACHE_* settings (cache/signing.py): decided at open, so a bad key
+        # Publisher trust from SMTHRS_CACHE_* settings (cache/signing.py): decided at open, so a bad key
         # is refused before anything runs, and shared by the dispatcher and the cache tiers.
         self.trust: Trust = trust if trust is not None else trust_from_settings(settings, self.workspace)
         self._lifecycle = _PassLifecycle(self.runs, self.ownership, self.waits)
@@ -274,7 +275,11 @@ class Runtime:
         trust = self.trust if trusted else None
         warning = None if trust is None else shared_trust_warning(trust, shared_store.url, self.workspace)
         return CacheTiers(
-            LocalTier(self.db), self.artifacts, SharedTier(shared_store, trust), self.owner.host_id, warning
+            LocalTier(self.db),
+            self.artifacts,
+            SharedTier(shared_store, trust, revocation_memory=self.db),
+            self.owner.host_id,
+            warning,
         )
 
     def scheduler(

@@ -49,7 +49,7 @@ Execution = Literal["auto", "shared", "remote"]
 Isolation = Literal["auto", "namespace", "process", "thread"]
 
 
-#: Default size caps of the cache (issue 13): one output, and all outputs of one step together.
+#: Default size caps of the cache: one output, and all outputs of one step together.
 DEFAULT_MAX_OUTPUT_BYTES = 5 * 1024**3
 DEFAULT_MAX_STEP_BYTES = 20 * 1024**3
 

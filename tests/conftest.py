@@ -168,3 +168,24 @@ def artifacts_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, 
         return f"memory://smthrs-{uuid.uuid4().hex[:12]}", {}
     bucket = request.getfixturevalue("s3_bucket")
     return f"s3://{bucket}/artifacts", request.getfixturevalue("s3_options")
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MB tmpfs for faults of a full or read-only disk (skipped where mounting is refused: not root, no
+    CAP_SYS_ADMIN)."""
+    import subprocess
+
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(vol)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs was refused: {done.stderr.strip()}")
+    try:
+        yield vol
+    finally:
+        subprocess.run(["umount", str(vol)], check=True)

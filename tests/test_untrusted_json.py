@@ -101,3 +101,41 @@ def test_wide_and_deep_documents_stay_within_a_bounded_memory() -> None:
     decode_json(wide, "wide")
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 512 * 1024  # far below the 800 MB document that killed a 1.5 GB reader
+
+
+hostile_documents = st.one_of(
+    st.lists(hostile_pieces, max_size=60).map(b"".join),
+    st.binary(max_size=64),
+    st.integers(min_value=1, max_value=3000).map(lambda n: b"[" * n + b"]" * n),
+    st.integers(min_value=101, max_value=6000).map(lambda n: b'{"a": ' + b"9" * n + b"}"),
+    st.sampled_from([b'{"ident": "A", "ident": "B"}', b'{"x": 1e999}', b'"\\udc00"', b"\xfe\xff"]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_documents)
+def test_every_consumer_of_untrusted_json_answers_typed(data: bytes) -> None:
+    """The shared tier's entry check, the revocation marker decoder, the JSON-RPC request parser and the worker's
+    ``--param`` all take the one decoder's answer: a value, or a typed refusal — never an exception of Python's."""
+    from smthrs_plugin.cache._revocation import _decode
+    from smthrs_plugin.cache._shared import Candidate, Refusal, check_document
+    from smthrs_plugin.cli._worker import _parse_params
+    from smthrs_plugin.errors import SmthrsError
+    from smthrs_plugin.serve._rpc import RpcFailure, parse_call
+
+    name = "0" * 64
+    assert isinstance(check_document(f"{name}.abcdef0123456789", data, None), (Candidate, Refusal))
+    marker = _decode(f"{name}.0123456789abcdef", data)
+    assert marker.problem is not None or marker.key is not None
+    try:
+        parse_call(data)
+    except RpcFailure:
+        pass
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    try:
+        _parse_params([f"p={text}"])
+    except SmthrsError:
+        pass

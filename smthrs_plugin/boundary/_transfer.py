@@ -1,4 +1,4 @@
-"""A sandbox tree as content of the artifact store: what remote execution ships both ways (issue 17).
+"""A sandbox tree as content of the artifact store: what remote execution ships both ways.
 
 A tree travels as a :data:`Manifest` — ``{path: Entry}``, an entry being a file (digest and normalised mode), a
 directory or a link (its target) — plus the blobs of its files in the content-addressed store. Nothing else
@@ -13,8 +13,10 @@ Invariants
   the past) nor invent one (an mtime in the future). Changed files are uploaded before the delta is returned: a
   delta never names a blob the store does not have (CAS before the reference, as for cache entries).
 - **A delta is untrusted where it is applied.** Every path must be relative, normalised, without ``..`` and land
-  inside the tree without crossing a link; the entry count is bounded by the enumeration budget. Anything else
-  is ``RemoteError(invalid_delta)`` before a byte is written. Files are written atomically (temp file, verify,
+  inside the tree without crossing a link; none may name the tree's root itself (``.``: removing or replacing it
+  would empty the sandbox or swap it for a file or link); a path it writes may not lie under one the same delta
+  reports as a file or link; the entry count is bounded by the enumeration budget. Anything else is
+  ``RemoteError(invalid_delta)`` before a byte is written or removed. Files are written atomically (temp file, verify,
   rename) with a normalised mode; links last, so no write of this delta goes through a link it created.
 - The sandbox that receives an applied delta still does its own whole-tree diff, boundary refusals and
   compare-and-set copy-back: this module moves bytes; it decides nothing about what a body may write.
@@ -194,25 +196,36 @@ def apply_delta(
     for rel, e in changed.items():
         if e.kind not in ("file", "dir", "link") or (e.kind == "file" and e.mode not in (0o644, 0o755)):
             raise RemoteError("invalid_delta", f"a worker reported {rel!r} as {e!r}", path=rel)
-    links = {rel for rel, e in changed.items() if e.kind == "link"}
-    for rel in (*changed, *delta.removed):
+    leaves = {rel: e.kind for rel, e in changed.items() if e.kind != "dir"}
+    for rel in changed:
         parent = rel.rpartition("/")[0]
         while parent:
-            if parent in links:
-                # delta_of never reports one: the link would replace the directory the path was written into.
+            if parent in leaves:
+                # delta_of never reports one: the link would replace the directory the path was written into, or
+                # the write would fail half-way under a file with an untyped OSError. (A REMOVED path under one is
+                # what replacing a directory by a file or link looks like: removals run first, so no removal
+                # goes through a link this delta creates.)
                 raise RemoteError(
-                    "invalid_delta", f"a worker reported {rel!r} under {parent!r}, which it reports as a link"
+                    "invalid_delta",
+                    f"a worker reported {rel!r} under {parent!r}, which it reports as a {leaves[parent]}",
+                    path=rel,
                 )
             parent = parent.rpartition("/")[0]
     root_real = os.path.realpath(root)
 
     def dest(rel: str) -> str:
         try:
-            return inside(root_real, rel)
+            path = inside(root_real, rel)
         except BoundaryError as exc:
             raise RemoteError(
                 "invalid_delta", f"a worker reported {rel!r}, {exc}", cause=exc, path=rel
             ) from exc
+        if os.path.normpath(path) == root_real:
+            # _checked refuses "." already; this holds whatever spelling reaches the root.
+            raise RemoteError(
+                "invalid_delta", f"a worker reported {rel!r}, which is the tree's root itself", path=rel
+            )
+        return path
 
     # Every destination resolves inside the tree NOW, before the first removal: a refusal writes nothing. They
     # stay valid while the delta is applied: a directory it creates is a real one, and links come last.
@@ -270,10 +283,12 @@ def _fetch(store: ArtifactStore, items: list[tuple[str, Entry, str]], code: str,
 
 
 def _checked(manifest: Mapping[str, Entry]) -> Iterable[str]:
+    """Each path, refused unless a normalised relative path strictly inside the tree: ``""`` and ``.`` name the
+    root, which a delta may neither remove nor replace (nor a manifest list: the root is the tree itself)."""
     for rel in manifest:
         if (
             not isinstance(rel, str)
-            or not rel
+            or rel in ("", ".")
             or "\x00" in rel
             or "\\" in rel
             or rel.startswith("/")

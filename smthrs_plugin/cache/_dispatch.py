@@ -228,7 +228,11 @@ class CacheDispatcher:
         self.trust: Trust = trust
         self.size_caps: SizeCaps = size_caps
         self.shared = SharedTier(
-            self.shared_store, trust, clock=clock, revocation_refresh_ms=int(revocation_refresh_s * 1000)
+            self.shared_store,
+            trust,
+            clock=clock,
+            revocation_refresh_ms=int(revocation_refresh_s * 1000),
+            revocation_memory=db,
         )
         _warn_once(shared_trust_warning(trust, self.shared_store.url, self.workspace))
         self.journal = journal if journal is not None else Journal(db, clock=clock)

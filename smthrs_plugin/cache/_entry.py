@@ -23,6 +23,9 @@ Invariants
 - Decoding never raises: a document that is not JSON, has another format, names another key than the one it is
   stored under, or whose evidence/result does not verify is :class:`Undecodable` (``corrupt`` when an integrity
   check failed), which the dispatch seam treats as ``UnverifiableEvidence`` or ``ReplayFailed`` — never served.
+- Text given to :func:`decode_entry` is this machine's own (its local database). A document from the shared tier,
+  which anyone with write access to the bucket can plant, is parsed within bounds first
+  (``_shared.parse_document``) and handed over as the parsed mapping.
 """
 
 from __future__ import annotations
@@ -224,11 +227,15 @@ Decoded = Union[CacheEntry, Undecodable]
 
 
 def decode_entry(data: bytes | str | Mapping[str, Any], *, name: str | None = None) -> Decoded:
-    """Decode and verify a stored entry. ``name``: the key digest it was stored under (checked against its key)."""
+    """Decode and verify a stored entry. ``name``: the key digest it was stored under (checked against its key).
+    ``data`` as text: trusted text (see the module invariants); untrusted documents come parsed and bounded."""
     try:
         doc = json.loads(data) if isinstance(data, (bytes, str)) else data
     except (ValueError, UnicodeDecodeError) as exc:
         return Undecodable(f"the entry is not JSON ({exc})")
+    except RecursionError:
+        # Decoding never raises (module invariants): a damaged row nested past the parser's stack is undecodable.
+        return Undecodable("the entry is nested too deeply to parse")
     if not isinstance(doc, Mapping):
         return Undecodable(f"the entry is a JSON {type(doc).__name__}, not an object")
     if doc.get("format") != ENTRY_FORMAT:

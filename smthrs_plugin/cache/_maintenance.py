@@ -19,7 +19,9 @@ Invariants
   entries in the shared store) and reports ``corrupt``/``missing``/``undecodable``; it changes nothing. With a
   shared tier that carries a :class:`~.signing.Trust`, every shared document is also judged as a reader would
   (:meth:`SharedTier.audit`): ``unsigned``, ``untrusted_key``, ``bad_signature`` and ``revoked`` documents are
-  reported as refused (never served by this machine), and their blobs are not re-hashed.
+  reported as refused (never served by this machine), and their blobs are not re-hashed. So are documents no
+  reader parses — ``too_large`` (over the entry cap), ``not_a_file`` (a FIFO, device or directory at the name),
+  ``undecodable`` (too deep, duplicate member names, a huge integer, ...): listed, never a crash or a hang.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ..records._runs import TERMINAL_STATUSES, statuses_in
 from ..stores._artifacts import ArtifactStore, Corrupt, NotFound
 from ._entry import CacheEntry, Undecodable, entry_digests, entry_id
 from ._local import LocalTier
-from ._shared import Candidate, Refusal, RefusalReason, SharedTier, check_document, same_store
+from ._shared import Candidate, Refusal, RefusalReason, SharedTier, read_document, same_store
 
 __all__ = [
     "EntryInfo",
@@ -124,13 +126,23 @@ def list_entries(local: LocalTier, shared: SharedTier | None = None) -> list[Ent
 
 
 ProblemKind = Literal[
-    "corrupt", "missing", "undecodable", "unsigned", "untrusted_key", "bad_signature", "revoked"
+    "corrupt",
+    "missing",
+    "undecodable",
+    "too_large",
+    "not_a_file",
+    "unsigned",
+    "untrusted_key",
+    "bad_signature",
+    "revoked",
 ]
 _REFUSAL_KIND: dict[RefusalReason, ProblemKind] = {
     "unsigned": "unsigned",
     "untrusted_key": "untrusted_key",
     "bad_signature": "bad_signature",
     "undecodable": "undecodable",
+    "too_large": "too_large",
+    "not_a_file": "not_a_file",
     "revoked": "revoked",
     "missing_blob": "missing",
     "corrupt_blob": "corrupt",
@@ -140,8 +152,9 @@ _REFUSAL_KIND: dict[RefusalReason, ProblemKind] = {
 @dataclass(frozen=True)
 class Problem:
     """``kind``: ``corrupt`` (a blob no longer hashes to its name), ``missing`` (a referenced blob is absent),
-    ``undecodable`` (the entry itself does not decode or verify), and for shared documents judged with a trust:
-    ``unsigned``, ``untrusted_key``, ``bad_signature``, ``revoked`` (refused: treated as absent by readers)."""
+    ``undecodable`` (the entry itself does not decode or verify, or is outside the readers' bounds), and for
+    shared documents judged with a trust: ``too_large``, ``not_a_file``, ``unsigned``, ``untrusted_key``,
+    ``bad_signature``, ``revoked`` (refused: treated as absent by readers)."""
 
     tier: Literal["local", "shared"]
     entry: str
@@ -382,8 +395,8 @@ def revoke(
     for k in keys:
         seen: list[str] = []
         for name in shared.names_of(k):
-            data = shared.store.get_entry(name)
-            judged = None if data is None else check_document(name, data, None)
+            # Bounded: a document planted at one of the key's names is refused here, never a crash or a hang.
+            judged = read_document(shared.store, name, None)
             if isinstance(judged, Candidate):
                 seen.append(judged.entry_id)
         row = local.load(key_digest(k))

@@ -12,33 +12,58 @@ Invariants
   re-executes, and the re-executed result (created later) is published and served again. An entry whose
   ``created_at_ms`` is missing or malformed counts as revoked (the conservative side).
 - Markers are not signed and any marker is honoured: a revocation can only make a reader re-execute, which a
-  writer of the bucket could cause anyway by deleting entries. A marker that does not decode revokes every entry
-  of the key digest its name carries (and ``verify`` lists it).
+  writer of the bucket could cause anyway by deleting entries.
+- **A marker never breaks a reader.** A body is read bounded (:data:`MAX_MARKER_BYTES`, and never from a FIFO,
+  device or directory: ``ArtifactStore.get_entry``) and decoded by the one bounded decoder (``decode_json``:
+  depth, size, duplicate members, huge numbers). A marker that is too large, not a regular file or not a
+  well-formed marker of the key digest its name carries is a :class:`Revocation` with ``problem`` set — it
+  revokes every entry of that digest while it is in the bucket and is logged once per process (``verify``
+  names it beside each entry it revokes) — never an exception out of :meth:`Revocations.refresh`.
+- **Remembered revocations** (with a ``memory``: the reader's local database, ``records._revocation_rows``):
+  1. Only WELL-FORMED markers are remembered; a marker with a ``problem`` revokes only while it is in the bucket
+     (planted junk must not become permanent).
+  2. What is remembered is ``revoked_at_ms`` capped at this reader's clock when it first saw the marker (first
+     sighting wins, across processes): a marker dated in the future cannot, once deleted, keep revoking by time
+     the entries created after the reader saw it. While the marker is in the bucket it is honoured as written.
+  3. The entry ids a remembered marker names stay revoked, whenever they were created.
+  4. A remembered marker keeps revoking after it is deleted from the bucket, in every process on that database
+     and after restarts; a marker deleted before this reader ever listed it is not known to it (the limit of a
+     bucket nobody signs).
+  5. :meth:`Revocations.revoke` (``smthrs cache revoke``) remembers its own marker at once.
+  A remembered marker applies to its key whichever shared tier is read (revocations only cause re-runs).
 - **Bounded staleness, documented**: a shared lookup always re-lists the markers (one listing per lookup that
   found a verified entry). A LOCAL hit — which must not pay a round trip to the shared tier — consults this
   process's snapshot, re-listed at most every ``refresh_ms`` of the injected clock (``SMTHRS_CACHE_REVOCATION_
   REFRESH_S``, default 60 s). A revocation therefore reaches a machine's local copies within that interval; the
   revoking machine invalidates its own local row at once.
-- Listing failures propagate as ``ArtifactError``; the caller decides (the dispatcher warns and keeps the
-  previous snapshot for a local hit, treats the shared tier as unavailable for a shared lookup).
+- Listing failures (and reading failures other than a marker too large or not a file) propagate as
+  ``ArtifactError``; the caller decides (the dispatcher warns and keeps the previous snapshot for a local hit,
+  treats the shared tier as unavailable for a shared lookup). A failure of the local database propagates as
+  ``StoreError``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._untrusted import decode_json
 from ..canonical import canonical_bytes, is_key, key_digest, sha256_hex
+from ..errors import ArtifactError, InvalidInput
+from ..records import _revocation_rows as revocation_rows
+from ..records._revocation_rows import RememberedRevocation, SeenRevocation
 from ..stores._artifacts import ArtifactStore, Created
+from ..stores._database import Database
 from ._entry import CacheEntry, entry_id
 
 __all__ = [
     "REVOCATION_FORMAT",
+    "MAX_MARKER_BYTES",
     "Revocation",
     "Revocations",
     "revocation_store",
@@ -49,7 +74,13 @@ log = logging.getLogger(__name__)
 
 REVOCATION_FORMAT = "smthrs-cache-revocation/1"
 DEFAULT_REFRESH_MS = 60_000
+#: A marker body larger than this is a marker with a problem, never read further (an honest marker holds one key
+#: and one 64-hex entry id per publisher: a few KiB).
+MAX_MARKER_BYTES = 1024 * 1024
 _FOREVER = 2**62
+_ENTRY_ID = re.compile(r"[0-9a-f]{64}")
+# ArtifactError codes that say something about the marker itself (not about reaching the store).
+_MARKER_DEFECTS = frozenset({"too_large", "not_a_file"})
 
 
 def revocation_store(shared: ArtifactStore) -> ArtifactStore:
@@ -59,7 +90,8 @@ def revocation_store(shared: ArtifactStore) -> ArtifactStore:
 
 @dataclass(frozen=True)
 class Revocation:
-    """One marker. ``problem`` is set for a marker that does not decode (it then revokes its whole digest)."""
+    """One marker. ``problem`` is set for a marker that is unreadable or malformed (it then revokes its whole
+    digest); ``remembered``: this is the local database's record of a marker (capped), not the bucket's body."""
 
     name: str
     key_digest: str
@@ -69,6 +101,7 @@ class Revocation:
     by: str = ""
     reason: str = ""
     problem: str | None = None
+    remembered: bool = False
 
     def covers(self, entry: CacheEntry, eid: Callable[[], str]) -> bool:
         """Whether this marker revokes ``entry`` (``eid`` computes its entry id only when needed)."""
@@ -89,77 +122,177 @@ class Revocation:
             "by": self.by,
             "reason": self.reason,
             "problem": self.problem,
+            "remembered": self.remembered,
         }
+
+
+def _problem(name: str, why: str) -> Revocation:
+    return Revocation(name, name.split(".", 1)[0], None, _FOREVER, problem=why)
+
+
+def _malformed(doc: Any, digest: str) -> str | None:
+    """Why ``doc`` is not a well-formed marker of ``digest`` (None: it is)."""
+    if not isinstance(doc, Mapping) or doc.get("format") != REVOCATION_FORMAT:
+        return f"not a {REVOCATION_FORMAT} document"
+    if not is_key(doc.get("key")) or key_digest(doc["key"]) != digest:
+        return "its key is not a key1_ key of the key digest its name carries"
+    at = doc.get("revoked_at_ms")
+    if type(at) is not int or at < 0:
+        return "revoked_at_ms is not a non-negative integer"
+    entries = doc.get("entries")
+    if not isinstance(entries, list) or not all(type(e) is str and _ENTRY_ID.fullmatch(e) for e in entries):
+        return "entries is not a list of entry ids (64 lowercase hex)"
+    if type(doc.get("by", "")) is not str or type(doc.get("reason", "")) is not str:
+        return "by / reason are not strings"
+    return None
 
 
 def _decode(name: str, data: bytes) -> Revocation:
     digest = name.split(".", 1)[0]
     try:
-        doc = json.loads(data)
-        if (
-            not isinstance(doc, Mapping)
-            or doc.get("format") != REVOCATION_FORMAT
-            or not is_key(doc.get("key"))
-            or key_digest(doc["key"]) != digest
-            or type(doc.get("revoked_at_ms")) is not int
-            or not isinstance(doc.get("entries"), list)
-            or not all(isinstance(e, str) for e in doc["entries"])
-        ):
-            raise ValueError("not a revocation marker of the key digest its name carries")
-    except (ValueError, UnicodeDecodeError) as exc:
-        return Revocation(name, digest, None, _FOREVER, problem=str(exc))
+        doc = decode_json(data, f"revocation marker {name}", max_bytes=MAX_MARKER_BYTES)
+    except InvalidInput as exc:
+        return _problem(name, str(exc))
+    why = _malformed(doc, digest)
+    if why is not None:
+        return _problem(name, why)
     return Revocation(
         name,
         digest,
         doc["key"],
         doc["revoked_at_ms"],
         tuple(doc["entries"]),
-        str(doc.get("by", "")),
-        str(doc.get("reason", "")),
+        doc.get("by", ""),
+        doc.get("reason", ""),
+    )
+
+
+def _from_row(row: RememberedRevocation) -> Revocation:
+    return Revocation(
+        row.marker,
+        row.key_digest,
+        row.key,
+        _FOREVER if row.problem is not None else row.revoked_at_ms,
+        row.entries,
+        row.revoked_by,
+        row.reason,
+        row.problem,
+        remembered=True,
     )
 
 
 class Revocations:
-    """The revocation markers of one shared tier, with a bounded-staleness snapshot (module invariants)."""
+    """The revocation markers of one shared tier, with a bounded-staleness snapshot (module invariants).
+
+    ``memory``: the reader's local database; markers seen are remembered there and honoured after they are
+    deleted from the bucket. None: only the bucket's markers count (maintenance without a database)."""
 
     def __init__(
-        self, store: ArtifactStore, *, clock: Clock = SYSTEM_CLOCK, refresh_ms: int = DEFAULT_REFRESH_MS
+        self,
+        store: ArtifactStore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        refresh_ms: int = DEFAULT_REFRESH_MS,
+        memory: Database | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.refresh_ms = refresh_ms
+        self.memory = memory
         self._lock = threading.Lock()
         self._bodies: dict[str, Revocation] = {}  # markers are immutable: read each once
+        self._remembered: tuple[Revocation, ...] = ()
         self._by_digest: dict[str, tuple[Revocation, ...]] = {}
         self._listed_at_ms: int | None = None
+        self._warned_rows: set[str] = set()
 
     def refresh(self) -> None:
-        """List the markers now (reads the bodies of new ones). Raises ``ArtifactError``."""
+        """List the markers now (reads the bodies of new ones, remembers the well-formed ones), then re-read what
+        the local database remembers. Raises ``ArtifactError`` (the store) or ``StoreError`` (the database)."""
         names = self.store.list_entries()
+        known = self._bodies
         fresh: dict[str, Revocation] = {}
+        new: list[Revocation] = []
         for name in names:
-            known = self._bodies.get(name)
-            if known is None:
-                data = self.store.get_entry(name)
-                if data is None:
+            marker = known.get(name)
+            if marker is None:
+                marker = self._read(name)
+                if marker is None:
                     continue  # deleted between listing and reading: an operator withdrew it
-                known = _decode(name, data)
-                if known.problem is not None:
-                    log.warning(
-                        "revocation marker %s in %s does not decode (%s): every entry of its key is treated"
-                        " as revoked",
-                        name,
-                        self.store.url,
-                        known.problem,
-                    )
-            fresh[name] = known
+                new.append(marker)
+            fresh[name] = marker
+        remembered = self._recall(new)
         by_digest: dict[str, list[Revocation]] = {}
-        for r in fresh.values():
+        for r in (
+            *fresh.values(),
+            *remembered,
+        ):  # the bucket's markers first: they name themselves in refusals
             by_digest.setdefault(r.key_digest, []).append(r)
         with self._lock:
             self._bodies = fresh
+            self._remembered = remembered
             self._by_digest = {d: tuple(rs) for d, rs in by_digest.items()}
             self._listed_at_ms = self.clock.now_ms()
+
+    def _read(self, name: str) -> Revocation | None:
+        """The marker at ``name`` (None: gone); a body that is too large, not a file or malformed is a marker
+        with a problem, logged — never an exception."""
+        try:
+            data = self.store.get_entry(name, max_bytes=MAX_MARKER_BYTES)
+        except ArtifactError as exc:
+            if exc.code not in _MARKER_DEFECTS:
+                raise
+            marker = _problem(name, str(exc))
+        else:
+            if data is None:
+                return None
+            marker = _decode(name, data)
+        if marker.problem is not None:
+            log.warning(
+                "revocation marker %s in %s is refused (%s): every entry of its key is treated as revoked while"
+                " it is there; remove it if nobody revoked that key",
+                name,
+                self.store.url,
+                marker.problem,
+            )
+        return marker
+
+    def _recall(self, new: Iterable[Revocation]) -> tuple[Revocation, ...]:
+        """Remember the well-formed markers among ``new`` (first sighting wins) and return every remembered one."""
+        if self.memory is None:
+            return ()
+        rows = revocation_rows.remembered(self.memory)
+        have = {r.marker for r in rows}
+        now = self.clock.now_ms()
+        # Invariant 1: a marker with a problem is never remembered.
+        seen = [self._seen(m, now) for m in new if m.problem is None and m.name not in have]
+        if seen and revocation_rows.remember(self.memory, seen):
+            rows = revocation_rows.remembered(self.memory)
+        for row in rows:
+            if row.problem is not None and row.marker not in self._warned_rows:
+                self._warned_rows.add(row.marker)
+                log.warning(
+                    "remembered revocation %s in %s does not decode (%s): every entry of its key stays revoked;"
+                    " delete the row from cache_revocations if nobody revoked that key",
+                    row.marker,
+                    self.memory,
+                    row.problem,
+                )
+        return tuple(_from_row(r) for r in rows)
+
+    def _seen(self, marker: Revocation, now_ms: int) -> SeenRevocation:
+        assert marker.key is not None  # a marker without a problem decoded its key
+        return SeenRevocation(
+            marker=marker.name,
+            key_digest=marker.key_digest,
+            key=marker.key,
+            claimed_at_ms=marker.revoked_at_ms,
+            entries=marker.entries,
+            revoked_by=marker.by,
+            reason=marker.reason,
+            source=self.store.url,
+            seen_at_ms=now_ms,
+        )
 
     def stale(self) -> bool:
         """Whether the snapshot is older than ``refresh_ms`` (or was never taken)."""
@@ -190,7 +323,8 @@ class Revocations:
         return next((r for r in markers if r.covers(entry, eid)), None)
 
     def revoke(self, key: str, entries: Iterable[str], *, by: str, reason: str = "") -> Revocation:
-        """Write a marker revoking ``key`` now (plus the named entry ids). Raises ``ArtifactError``."""
+        """Write a marker revoking ``key`` now (plus the named entry ids), and remember it in the local database at
+        once. Raises ``ArtifactError``."""
         now = self.clock.now_ms()
         doc = {
             "format": REVOCATION_FORMAT,
@@ -205,12 +339,19 @@ class Revocations:
         outcome = self.store.put_entry(name, data)
         body = data if isinstance(outcome, Created) else outcome.data
         marker = _decode(name, body)
+        remembered = self._recall([marker])  # invariant 5 (a problem body at our name is not remembered: 1)
         with self._lock:
             self._bodies[name] = marker
-            self._by_digest[marker.key_digest] = (*self._by_digest.get(marker.key_digest, ()), marker)
+            self._remembered = remembered
+            self._by_digest[marker.key_digest] = (
+                *(r for r in self._by_digest.get(marker.key_digest, ()) if not r.remembered),
+                marker,
+                *(r for r in remembered if r.key_digest == marker.key_digest),
+            )
         return marker
 
     def all(self) -> list[Revocation]:
-        """Every marker, listed now, sorted by name."""
+        """Every marker, listed now, sorted by name: the bucket's, then the remembered ones no longer in it."""
         self.refresh()
-        return [self._bodies[n] for n in sorted(self._bodies)]
+        live = [self._bodies[n] for n in sorted(self._bodies)]
+        return live + [r for r in self._remembered if r.name not in self._bodies]

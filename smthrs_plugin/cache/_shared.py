@@ -1,6 +1,6 @@
 """The shared cache tier: signed, per-publisher entries ``ac/<key digest>.<publisher key id>.json``.
 
-Invariants (Bazel's remote cache: CAS before AC — plus publisher trust, issue 13)
+Invariants (Bazel's remote cache: CAS before AC — plus publisher trust)
 - An entry is published only AFTER every blob it references (``entry_digests``: spilled outputs and the blobs of its
   encoded value) exists in the shared store:
   blobs are copied there first (streamed through a temporary file, verified on both sides), then the entry is
@@ -12,20 +12,32 @@ Invariants (Bazel's remote cache: CAS before AC — plus publisher trust, issue 
   :class:`Candidate` only when it decodes, verifies, names the key it is stored under, and its signature is by
   the key id its name carries. Anything else is a :class:`Refusal` with a reason — treated as absent: never
   served, never compared against.
+- **Bounded before parsed.** Whoever can write the bucket can plant anything at a trusted name, so a document is
+  read at most :data:`~smthrs_plugin.stores._artifacts.MAX_ENTRY_BYTES` (32 MiB) and only from a regular file
+  (``too_large``, ``not_a_file`` otherwise: a planted FIFO never blocks, a huge object is never read whole), then
+  parsed by the one bounded decoder (:func:`~smthrs_plugin._untrusted.decode_json`: depth, duplicate member names,
+  huge integers, ... — ``undecodable`` naming the bound). Each is a :class:`Refusal` like a bad signature: the
+  reader journals it and runs the step. The publisher holds its own signed bytes to the same bounds before
+  publishing (``PublicationFailed("bounds")``, ``CacheError(entry_out_of_bounds)``), so no honest entry is ever
+  unreadable.
 - **Quarantine, never blocking.** Each publisher writes only its own name, first writer wins within a publisher
   (machines sharing one key race for one name; the race yields exactly one complete entry). A document at OUR
   name that is not servable — it does not verify (planted, damaged, foreign), its blobs are missing, or it is
   revoked — is replaced by our honest entry: re-read, deleted only if it is still the bytes judged, then created
-  again (:class:`Replaced`). A valid entry is never overwritten. Residual race: two writers with one key that
+  again (:class:`Replaced`); a document at our name that cannot even be read (over the cap, a FIFO) is deleted the
+  same way while it is still unreadable (a directory cannot be: publication then fails at stage ``entry``). A
+  valid entry is never overwritten. Residual race: two writers with one key that
   both judged the same bad document may delete each other's fresh entry once; the survivor is still one complete,
   signed entry, and a reader in between sees a miss, never a wrong entry.
 - Revocations (:mod:`.revocation`) are checked fresh on every shared lookup that found a verified entry.
 - ``lookup``/``candidates`` never fail a dispatch by themselves: they raise ``ArtifactError`` when the store
   cannot be read, which the seam turns into a miss with a journal record. Failures of a publication keep their
-  stage (:class:`PublicationFailed`: ``blobs``, ``entry``), so the seam journals ``cache-provenance {action:
-  "unpublished", stage}`` and carries on — a failed shared publication never fails the run.
+  stage (:class:`PublicationFailed`: ``bounds``, ``blobs``, ``entry``), so the seam journals
+  ``cache-provenance {action: "unpublished", stage}`` and carries on — a failed shared publication never fails
+  the run.
 - Maintenance (``gc``) reads every DECODABLE entry whatever its signature (:meth:`SharedTier.iter_entries`):
-  trust is per reader, and another machine may trust a key this one does not, so gc keeps their blobs.
+  trust is per reader, and another machine may trust a key this one does not, so gc keeps their blobs. An
+  unreadable or out-of-bounds document is listed as ``Undecodable``, never a crash.
 """
 
 from __future__ import annotations
@@ -39,12 +51,14 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._untrusted import decode_json
 from ..canonical import key_digest, sha256_hex
-from ..errors import ArtifactError
-from ..stores._artifacts import ArtifactStore, Created
+from ..errors import ArtifactError, CacheError, InvalidInput
+from ..stores._artifacts import MAX_ENTRY_BYTES, ArtifactStore, Created
+from ..stores._database import Database
 from ._entry import CacheEntry, Decoded, Undecodable, canonical_entry_bytes, decode_entry, entry_digests
 from ._revocation import DEFAULT_REFRESH_MS, Revocations, revocation_store
 from ._signing import KEY_ID_HEX, Trust
@@ -62,6 +76,8 @@ __all__ = [
     "SIGNATURE_CONTEXT",
     "copy_blobs",
     "entry_name",
+    "parse_document",
+    "read_document",
     "same_store",
 ]
 
@@ -70,8 +86,18 @@ log = logging.getLogger(__name__)
 #: Domain separation of entry signatures (a signature made for anything else never verifies as an entry's).
 SIGNATURE_CONTEXT = b"smthrs-cache-entry-signature/1"
 RefusalReason = Literal[
-    "unsigned", "untrusted_key", "bad_signature", "undecodable", "revoked", "missing_blob", "corrupt_blob"
+    "unsigned",
+    "untrusted_key",
+    "bad_signature",
+    "undecodable",
+    "too_large",
+    "not_a_file",
+    "revoked",
+    "missing_blob",
+    "corrupt_blob",
 ]
+#: ``ArtifactError`` codes of a document the store refused to read: a fact about the document, not an outage.
+_UNREADABLE = frozenset({"too_large", "not_a_file"})
 
 
 def entry_name(key_digest_hex: str, key_id: str) -> str:
@@ -130,9 +156,10 @@ PublishOutcome = Union[Published, Replaced, AlreadyPublished]
 
 
 class PublicationFailed(Exception):
-    """Publishing to the shared tier failed at ``stage``; ``cause`` is the storage error."""
+    """Publishing to the shared tier failed at ``stage``; ``cause`` is the storage error, or for ``bounds`` the
+    ``CacheError(entry_out_of_bounds)`` refusing an entry no reader would accept."""
 
-    def __init__(self, stage: Literal["blobs", "entry"], cause: ArtifactError) -> None:
+    def __init__(self, stage: Literal["bounds", "blobs", "entry"], cause: ArtifactError | CacheError) -> None:
         super().__init__(f"shared publication failed at stage {stage!r}: {cause}")
         self.stage = stage
         self.cause = cause
@@ -182,6 +209,33 @@ def sign_document(entry: CacheEntry, trust: Trust) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
+def parse_document(name: str, data: bytes) -> Any:
+    """The JSON document stored as ``name``, parsed within the bounds every reader enforces (at most
+    ``MAX_ENTRY_BYTES``, nesting, duplicate member names, number sizes:
+    :func:`~smthrs_plugin._untrusted.decode_json`). Raises :class:`~smthrs_plugin.errors.InvalidInput` naming
+    the bound."""
+    return decode_json(data, f"shared entry {name}", max_bytes=MAX_ENTRY_BYTES)
+
+
+def _fetch(store: ArtifactStore, name: str) -> bytes | Refusal | None:
+    """The bytes at ``name`` (None: absent), or the :class:`Refusal` of a document the store would not read (over
+    the cap, not a regular file). Raises ``ArtifactError`` when the store cannot be read."""
+    try:
+        return store.get_entry(name)
+    except ArtifactError as exc:
+        if exc.code not in _UNREADABLE:
+            raise
+        reason: RefusalReason = "too_large" if exc.code == "too_large" else "not_a_file"
+        return Refusal(name, _split_name(name)[1], reason, exc.message)
+
+
+def read_document(store: ArtifactStore, name: str, trust: Trust | None) -> Candidate | Refusal | None:
+    """Read (bounded) and judge the document stored as ``name`` in ``store`` (None: absent); ``trust`` as for
+    :func:`check_document`. Raises ``ArtifactError`` only when the store cannot be read."""
+    data = _fetch(store, name)
+    return data if not isinstance(data, bytes) else check_document(name, data, trust)
+
+
 def check_document(name: str, data: bytes, trust: Trust | None) -> Candidate | Refusal:
     """Judge the document stored as ``name``. ``trust`` None: integrity only (decode, name, envelope shape) —
     for maintenance; a lookup always passes a trust."""
@@ -191,9 +245,14 @@ def check_document(name: str, data: bytes, trust: Trust | None) -> Candidate | R
             name, None, "unsigned", "the name carries no publisher key id (an unsigned, older entry)"
         )
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return Refusal(name, kid, "undecodable", f"the entry is not JSON ({exc})")
+        doc = parse_document(name, data)
+    except InvalidInput as exc:
+        return Refusal(
+            name,
+            kid,
+            "too_large" if exc.details.get("bound") == "canonical_bytes" else "undecodable",
+            exc.message,
+        )
     if not isinstance(doc, Mapping):
         return Refusal(name, kid, "undecodable", f"the entry is a JSON {type(doc).__name__}, not an object")
     env = doc.get("signature")
@@ -227,6 +286,31 @@ def check_document(name: str, data: bytes, trust: Trust | None) -> Candidate | R
     return Candidate(name, kid, decoded, sha256_hex(canonical))
 
 
+def _outside_bounds(entry: CacheEntry, name: str, data: bytes) -> CacheError | None:
+    """The refusal of our own signed ``data`` when a reader would refuse it (:func:`parse_document`), else None."""
+    try:
+        parse_document(name, data)
+    except InvalidInput as exc:
+        what = (
+            f"is {len(data)} bytes, over the {MAX_ENTRY_BYTES}-byte cap"
+            if exc.details.get("bound") == "canonical_bytes"
+            else f"is outside the bounds ({exc.message})"
+        )
+        return CacheError(
+            "entry_out_of_bounds",
+            f"the shared entry {name} of {entry.subject!r} (key {entry.key}) {what} every reader of the shared"
+            " tier enforces, so it is not published: it stays in this machine's local tier. Return a smaller,"
+            " flatter value (large bytes and data frames are stored as blobs), or declare that the step's value"
+            " is not cached (@sp.step(cache_value=False))",
+            name=name,
+            key=entry.key,
+            bound=exc.details.get("bound"),
+            size=len(data),
+            limit=MAX_ENTRY_BYTES,
+        )
+    return None
+
+
 class SharedTier:
     """Entries under ``<store>/ac/``, blobs under ``<store>/cas/``, revocations under ``<store>/revoked/``.
 
@@ -240,17 +324,20 @@ class SharedTier:
         *,
         clock: Clock = SYSTEM_CLOCK,
         revocation_refresh_ms: int = DEFAULT_REFRESH_MS,
+        revocation_memory: Database | None = None,
     ) -> None:
         self.store = store
         self.trust = trust
-        self.revocations = Revocations(revocation_store(store), clock=clock, refresh_ms=revocation_refresh_ms)
+        self.revocations = Revocations(
+            revocation_store(store), clock=clock, refresh_ms=revocation_refresh_ms, memory=revocation_memory
+        )
 
     # -- reading ---------------------------------------------------------------------------------------------
 
     def read(self, name: str) -> Candidate | Refusal | None:
-        """The judged document at ``name`` (None: absent). Raises ``ArtifactError``."""
-        data = self.store.get_entry(name)
-        return None if data is None else check_document(name, data, self.trust)
+        """The judged document at ``name`` (None: absent); an unreadable one is a :class:`Refusal`. Raises
+        ``ArtifactError`` when the store cannot be read."""
+        return read_document(self.store, name, self.trust)
 
     def candidates(self, key: str) -> Iterator[Candidate | Refusal]:
         """Every trusted publisher's document for ``key``, in lookup order, lazily (a served first candidate costs
@@ -298,6 +385,13 @@ class SharedTier:
             raise ValueError("only shared-scope (admissible) entries are published")
         if self.trust is None or self.trust.signer is None:
             raise ValueError("this machine has no signing key; it never publishes to the shared tier")
+        data = sign_document(entry, self.trust)
+        name = entry_name(entry.name, self.trust.signer.key_id)
+        # Readers refuse what is outside their bounds; an honest entry must never be one of those (checked
+        # before any blob is copied: nothing of an entry that will not be published is uploaded).
+        out_of_bounds = _outside_bounds(entry, name, data)
+        if out_of_bounds is not None:
+            raise PublicationFailed("bounds", out_of_bounds)
         try:
             wanted = sorted(entry_digests(entry))
             if not same_store(source, self.store):
@@ -313,22 +407,29 @@ class SharedTier:
                     )
         except ArtifactError as exc:
             raise PublicationFailed("blobs", exc) from exc
-        data = sign_document(entry, self.trust)
-        name = entry_name(entry.name, self.trust.signer.key_id)
         replaced: str | None = None
         try:
             for _ in range(3):
-                outcome = self.store.put_entry(name, data)
-                if isinstance(outcome, Created):
-                    return Published() if replaced is None else Replaced(replaced)
-                why = self._unservable(name, outcome.data, condemned or {})
-                if why is None:
-                    judged = check_document(name, outcome.data, self.trust)
-                    assert isinstance(judged, Candidate)
-                    return AlreadyPublished(judged.entry)
+                judged_bytes: bytes | None = None
+                why: str | None
+                try:
+                    outcome = self.store.put_entry(name, data)
+                except ArtifactError as exc:
+                    if exc.code not in _UNREADABLE:
+                        raise
+                    why = f"{exc.code}: {exc.message}"  # no reader reads it: not servable
+                else:
+                    if isinstance(outcome, Created):
+                        return Published() if replaced is None else Replaced(replaced)
+                    judged_bytes = outcome.data
+                    why = self._unservable(name, outcome.data, condemned or {})
+                    if why is None:
+                        judged = check_document(name, outcome.data, self.trust)
+                        assert isinstance(judged, Candidate)
+                        return AlreadyPublished(judged.entry)
                 log.warning("replacing the shared entry %s in %s: %s", name, self.store.url, why)
                 replaced = why
-                if self.store.get_entry(name) == outcome.data:  # still the document judged: ours to replace
+                if self._still(name, judged_bytes):  # still the document judged: ours to replace
                     self.store.delete_entry(name)
         except ArtifactError as exc:
             raise PublicationFailed("entry", exc) from exc
@@ -340,6 +441,12 @@ class SharedTier:
                 name=name,
             ),
         )
+
+    def _still(self, name: str, judged: bytes | None) -> bool:
+        """Whether our name still holds the document judged: the same bytes, or (``judged`` None) still a
+        document no reader reads — anything else is another writer's and is left alone."""
+        now = _fetch(self.store, name)
+        return now == judged if judged is not None else isinstance(now, Refusal)
 
     def _unservable(self, name: str, data: bytes, condemned: Mapping[str, str]) -> str | None:
         """Why the document at our own name must be replaced, or None when it is a servable entry."""
@@ -370,10 +477,22 @@ class SharedTier:
 
     def iter_entries(self) -> Iterator[tuple[str, Decoded | None]]:
         """Every published entry (name, decoded — signatures NOT checked) — None when it vanished between
-        listing and reading. For gc and ls: trust is per reader."""
+        listing and reading; ``Undecodable`` when it is unreadable or outside the readers' bounds. For gc and
+        ls: trust is per reader."""
         for name in self.store.list_entries():
-            data = self.store.get_entry(name)
-            yield name, None if data is None else decode_entry(data, name=_split_name(name)[0])
+            data = _fetch(self.store, name)
+            if isinstance(data, Refusal):
+                yield name, Undecodable(f"{data.reason}: {data.detail}")
+                continue
+            if data is None:
+                yield name, None
+                continue
+            try:
+                doc = parse_document(name, data)
+            except InvalidInput as exc:
+                yield name, Undecodable(exc.message)
+                continue
+            yield name, decode_entry(doc, name=_split_name(name)[0])
 
     def audit(self) -> Iterator[tuple[str, Candidate | Refusal]]:
         """Every published document judged with this tier's trust (revocations included): what ``smthrs cache

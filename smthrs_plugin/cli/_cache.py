@@ -7,6 +7,11 @@ assembles them), calls one library function of :mod:`smthrs_plugin.cache`, and p
 object (``--json``). Exit codes
 (:mod:`._common`): 0 done, 1 ``verify`` found a problem, 2 a refused input (any typed ``SmthrsError``). The cache
 modules (SQLAlchemy, fsspec) are imported inside the commands so ``smthrs --help`` stays cheap.
+
+Every command but ``keygen`` works on an existing database: a SQLite path that does not exist is refused before
+the runtime opens (``gc`` on an empty database would see every blob as unreferenced). An empty ``--artifacts`` or
+``--shared`` is refused rather than read as "the default" (a ``--shared "$UNSET"`` would revoke or collect in the
+wrong store). ``keygen`` never overwrites a key, and a directory it cannot create or write is a typed refusal.
 """
 
 from __future__ import annotations
@@ -14,12 +19,20 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import SmthrsError
-from ._common import DbOption, JsonOption, WorkspaceOption
+from ..errors import CacheError, InvalidInput, SettingsError, SmthrsError
+from ._common import (
+    MAX_SECONDS,
+    DbOption,
+    JsonOption,
+    WorkspaceOption,
+    check_workspace,
+    existing_db_url,
+    seconds,
+)
 from ._common import done as _done
 from ._common import refuse as _refuse
 from ._exits import EXIT_FAILED
@@ -56,12 +69,44 @@ SharedOption = Annotated[
 ]
 
 
-def _runtime(db: str | None, workspace: Path | None, artifacts: str | None = None) -> Runtime:
+def _runtime(
+    command: str,
+    db: str | None,
+    workspace: Path | None,
+    artifacts: str | None = None,
+    shared: str | None = None,
+) -> Runtime:
     """The runtime over the stores the options name (SMTHRS_ARTIFACTS_BLOCK too: the artifact location may come
-    from a Prefect block); its ``cache_tiers(shared, trusted=...)`` are what every command works on."""
+    from a Prefect block); its ``cache_tiers(shared, trusted=...)`` are what every command works on. Refused before
+    anything is created: an empty store option, a workspace that is not a directory, a missing SQLite database."""
     from ..runtime import open_runtime
 
-    return open_runtime(workspace=workspace, db=db, artifacts=artifacts)
+    for option, value in (("--artifacts", artifacts), ("--shared", shared)):
+        if value is not None and not value.strip():
+            raise SettingsError(
+                "invalid_setting",
+                f"{option} is empty; pass the store's URL or path, or leave {option} out for the default",
+                setting=option.lstrip("-"),
+            )
+    check_workspace(workspace)
+    url = existing_db_url(db, f"cache {command}", workspace)
+    return open_runtime(workspace=workspace, db=url, artifacts=artifacts)
+
+
+#: The longest node id, subject or key ``explain``/``revoke`` look up (a key is 69 characters): a longer argument is
+#: refused before it becomes a LIKE pattern SQLite rejects as "too complex" (a misleading store failure).
+_MAX_LOOKUP_CHARS = 1024
+
+
+def _lookup(value: str, what: str) -> str:
+    if not 0 < len(value) <= _MAX_LOOKUP_CHARS:
+        raise InvalidInput(
+            "invalid_input",
+            f"{what} must be 1 to {_MAX_LOOKUP_CHARS} characters, got {len(value)}; pass a key1_ key or a node's "
+            "subject as `smthrs cache ls` prints it",
+            bound="identifier",
+        )
+    return value
 
 
 def _when(ms: int | None) -> str:
@@ -85,7 +130,7 @@ def ls(
     from ..cache._maintenance import list_entries
 
     try:
-        with _runtime(db, workspace, artifacts) as rt:
+        with _runtime("ls", db, workspace, artifacts, shared) as rt:
             st = rt.cache_tiers(shared)
             entries = list_entries(st.local, st.shared if with_shared else None)
     except SmthrsError as exc:
@@ -118,7 +163,8 @@ def explain(
     from ..cache._explain import explain as explain_entry
 
     try:
-        with _runtime(db, workspace) as rt:
+        _lookup(node_or_key, "NODE_OR_KEY")
+        with _runtime("explain", db, workspace) as rt:
             explained = explain_entry(rt.cache_tiers().local, node_or_key)
     except SmthrsError as exc:
         _refuse(as_json, exc)
@@ -145,7 +191,7 @@ def verify(
     a problem."""
     try:
         # --with-shared: the shared tier judges entries with this machine's publisher trust, as a dispatcher would.
-        with _runtime(db, workspace, artifacts) as rt:
+        with _runtime("verify", db, workspace, artifacts, shared) as rt:
             st = rt.cache_tiers(shared, trusted=with_shared)
             report = _verify_with_progress(st, with_shared, show=not as_json and sys.stderr.isatty())
     except SmthrsError as exc:
@@ -193,7 +239,8 @@ def gc(
     shared: SharedOption = None,
     workspace: WorkspaceOption = None,
     grace: Annotated[
-        float, typer.Option("--grace", min=0, help="Keep anything younger than this many seconds.")
+        float,
+        typer.Option("--grace", help=f"Keep anything younger than this many seconds (0..{MAX_SECONDS})."),
     ] = 3600.0,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Report what would be deleted; delete nothing.")
@@ -204,9 +251,10 @@ def gc(
     from ..cache._maintenance import gc as gc_cache
 
     try:
-        with _runtime(db, workspace, artifacts) as rt:
+        grace_s = seconds(grace, "--grace")  # inf/nan/negative: refused before the runtime opens
+        with _runtime("gc", db, workspace, artifacts, shared) as rt:
             st = rt.cache_tiers(shared)
-            report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace, dry_run=dry_run)
+            report = gc_cache(st.local, st.artifacts, st.shared, grace_s=grace_s, dry_run=dry_run)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     verb = "would delete" if dry_run else "deleted"
@@ -225,10 +273,8 @@ def keygen(
 ) -> None:
     """Write a publisher key pair: point SMTHRS_CACHE_SIGNING_KEY at the private file on a publishing machine
     (CI), and add the public key to SMTHRS_CACHE_TRUSTED_KEYS on every reader."""
-    from ..cache._signing import generate_key_pair
-
     try:
-        priv, pub, key = generate_key_pair(directory)
+        priv, pub, key = _generate(directory)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     _done(
@@ -238,6 +284,31 @@ def keygen(
         f"  publisher: export SMTHRS_CACHE_SIGNING_KEY={priv}\n"
         f"  readers:   export SMTHRS_CACHE_TRUSTED_KEYS={key.public.b64()}   (or the path {pub})",
     )
+
+
+def _generate(directory: Path) -> tuple[Path, Path, Any]:
+    """``generate_key_pair`` with the directory checked first and the file system's refusals typed: a path that is
+    a file (perhaps the key itself) is never a directory to write into, and an unwritable one says so."""
+    from ..cache._signing import generate_key_pair
+
+    target = directory.expanduser()
+    if target.exists() and not target.is_dir():
+        raise CacheError(
+            "invalid_key",
+            f"{target} exists and is not a directory; keygen writes cache-signing.key and cache-signing.pub INTO a "
+            "directory — pass a new or empty directory (an existing key is never overwritten)",
+            where=str(target),
+        )
+    try:
+        return generate_key_pair(target)
+    except OSError as exc:
+        raise CacheError(
+            "invalid_key",
+            f"cannot write a key pair into {target} ({exc.strerror or exc}); pass a directory you can create and "
+            "write",
+            where=str(target),
+            cause=exc,
+        ) from exc
 
 
 @cache_app.command("revoke")
@@ -255,7 +326,8 @@ def revoke(
     from ..cache._maintenance import revoke as revoke_key
 
     try:
-        with _runtime(db, workspace, artifacts) as rt:
+        _lookup(key_or_node, "KEY_OR_NODE")
+        with _runtime("revoke", db, workspace, artifacts, shared) as rt:
             st = rt.cache_tiers(shared)
             report = revoke_key(st.local, st.shared, key_or_node, by=st.host_id, reason=reason)
     except SmthrsError as exc:

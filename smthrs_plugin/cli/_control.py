@@ -15,6 +15,12 @@ rich table and a headline, or ONE JSON object with ``--json`` — and exits with
 :mod:`._control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
 decides and the approval authority (default: only ``local/operator``) judges it.
 
+Refused before the runtime opens (exit 2, nothing created): ``approve``, ``deny``, ``resume``, ``cancel`` and ``run
+PLAN_ID --key`` on a SQLite database that does not exist (they act on what it records; an empty one made by a typo
+would only answer "not found" after creating it); a workspace that is not a directory; ``--steps``/``--agents``
+that are not positive (before a run is admitted, not as its failure); a plan file that is not a regular file (a
+FIFO would block the read forever).
+
 Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the commands.
 """
 
@@ -26,11 +32,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
+from smthrs_plugin.cli._common import (
+    DbOption,
+    JsonOption,
+    WorkspaceOption,
+    check_workspace,
+    db_url,
+    existing_db_url,
+)
 from smthrs_plugin.cli._control_support import (
     Held,
     PlanLauncher,
     answer,
+    concurrency_caps,
     fail,
     follow,
     parse_inputs,
@@ -91,7 +105,8 @@ def plan_command(
     from smthrs_plugin.runtime import open_runtime
 
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
+        check_workspace(workspace)
+        with open_runtime(workspace=workspace, db=db_url(db, workspace)) as rt:
             control = rt.control()
             card = card_of_file(control, rt, plan_file, parse_inputs(inputs), parse_principal(as_))
             state = control.plan_state(card.plan_id)
@@ -128,8 +143,20 @@ def card_of_file(
 ) -> Any:
     """Read, compile and plan a plan file (``approval: required`` gates the card); ``renew`` as in
     :meth:`Control.plan` (``smthrs plan`` renews a retired card, ``smthrs run`` does not)."""
+    import stat
+
+    from smthrs_plugin.errors import PlanError
     from smthrs_plugin.scheduler._planfile import read_plan_file
 
+    try:
+        mode = plan_file.stat().st_mode
+    except OSError:
+        mode = None  # missing or unreadable: read_plan_file refuses it with its own message
+    if mode is not None and not stat.S_ISREG(mode):
+        raise PlanError(
+            "invalid_plan_file",
+            f"{plan_file} is not a regular file (a directory, FIFO or device); pass the plan file's path",
+        )
     pf = read_plan_file(plan_file, actions=rt.actions)
     if pf.approval not in (None, "none", "required"):
         raise ControlError(
@@ -176,7 +203,9 @@ def _decide(
     from smthrs_plugin.runtime import open_runtime
 
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
+        check_workspace(workspace)
+        url = existing_db_url(db, action, workspace)
+        with open_runtime(workspace=workspace, db=url) as rt:
             control = rt.control()
             principal = parse_principal(as_)
             target = control.approval_target(ident, request, digest)
@@ -261,14 +290,18 @@ def resume_command(
     run completed."""
     from smthrs_plugin.runtime import open_runtime
 
-    if flow is not None:
-        raise typer.Exit(_resume_flow(run_id, key, flow, as_, workspace, db, as_json))
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
+        caps = concurrency_caps(steps, agents)  # refused input, not a run that fails on its caps
+        check_workspace(workspace)
+        url = existing_db_url(db, "resume", workspace)
+    except SmthrsError as exc:
+        raise fail(as_json, exc) from None
+    if flow is not None:
+        raise typer.Exit(_resume_flow(run_id, key, flow, as_, workspace, url, as_json))
+    try:
+        with open_runtime(workspace=workspace, db=url) as rt:
             control = rt.control()
-            launcher = PlanLauncher(
-                rt, {"steps": steps, "agents": agents}, prefect=prefect, progress=not as_json
-            )
+            launcher = PlanLauncher(rt, caps, prefect=prefect, progress=not as_json)
             principal = parse_principal(as_)
             receipt = control.resume(run_id, idempotency_key=key, principal=principal, launcher=launcher)
             held = _finish(
@@ -326,7 +359,8 @@ def cancel_command(
     from smthrs_plugin.runtime import open_runtime
 
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
+        check_workspace(workspace)
+        with open_runtime(workspace=workspace, db=existing_db_url(db, "cancel", workspace)) as rt:
             control = rt.control()
             receipt = control.cancel(run_id, principal=parse_principal(as_), reason=reason)
             code = answer(control, receipt, as_json=as_json, operation="cancel")
@@ -356,7 +390,11 @@ def run_with_key(
     from smthrs_plugin.runtime import open_runtime
 
     try:
-        with open_runtime(workspace=workspace, db=db) as rt:
+        caps = concurrency_caps(concurrency.get("steps"), concurrency.get("agents"))
+        check_workspace(workspace)
+        # A plan id names a card an existing database records; a plan file may start a new database.
+        url = db_url(db, workspace) if target.exists() else existing_db_url(db, "run PLAN_ID", workspace)
+        with open_runtime(workspace=workspace, db=url) as rt:
             control = rt.control()
             principal = parse_principal(as_)
             if target.exists():
@@ -369,7 +407,7 @@ def run_with_key(
                 )
             else:
                 card = control.card(str(target))
-            launcher = PlanLauncher(rt, concurrency, prefect=prefect, progress=not as_json)
+            launcher = PlanLauncher(rt, caps, prefect=prefect, progress=not as_json)
             receipt = control.run(card, idempotency_key=key, principal=principal, launcher=launcher)
             held = _finish(
                 control,

@@ -2,7 +2,7 @@
 says why it cannot), and the one answer a command prints (a receipt and the run it names) with its exit code from
 the one table of :mod:`._exits`.
 
-Invariants (issue 14)
+Invariants
 - **Exit 0 means exactly "the run completed"** for ``run --key``/``resume``: a run still ``pending``/``running``
   after this process is done with it never exits 0 (:func:`follow` first finishes it or follows it to its end).
 - **A retry finishes the job or says why it cannot** (:func:`follow`): when the run a receipt names is still live
@@ -47,6 +47,7 @@ __all__ = [
     "PlanLauncher",
     "parse_principal",
     "parse_inputs",
+    "concurrency_caps",
     "fail",
     "answer",
     "follow",
@@ -74,6 +75,16 @@ def parse_inputs(pairs: list[str] | None) -> dict[str, str]:
             )
         out[k] = v
     return out
+
+
+def concurrency_caps(steps: int | None, agents: int | None) -> dict[str, int | None]:
+    """``--steps``/``--agents`` checked as the scheduler checks them (``GraphError(invalid_concurrency)`` unless a
+    positive int or unbounded), before anything is admitted: a cap of 0 is refused input (exit 2), not a run that
+    is admitted and then fails on it."""
+    from smthrs_plugin.plan import Concurrency
+
+    Concurrency(steps=steps, agents=agents)
+    return {"steps": steps, "agents": agents}
 
 
 def fail(as_json: bool, exc: SmthrsError) -> typer.Exit:
@@ -210,7 +221,7 @@ def follow(control: Control, run_id: str, relaunch: Any, *, wait: bool = True) -
                 clock.sleep(poll_ms / 1000)
             continue
         age = now - since
-        expires_in = max(0, stale_ms - age)
+        expires_in = max(0, stale_ms + 1 - age)  # exactly stale_after of age is still a fresh lease
         if expires_in == 0 and ((holder, since) != refused or now >= retry_at):
             relaunch()  # the lease expired: the arbiter steals on Dead evidence, refuses (journaled once) on Alive
             after = control.db.read(lambda c: ln.run_row_in(c, run_id))
@@ -301,6 +312,9 @@ def answer(
             f"  {held.describe()}; not waiting (--no-wait): run the same command again later, or without "
             "--no-wait to wait for it"
         )
+    if view is not None and view.error is not None and status in ("failed", "cancelled") and report is None:
+        # A retry replays the settled run: say why it ended, not only that it did.
+        console.print(f"  why: {view.error}")
     wake = payload.get("host_wake")
     if wake is not None and wake["type"] == "HostWoken":
         console.print(f"  {wake['detail']}")

@@ -1,4 +1,4 @@
-"""The ONE exit-code table of the ``smthrs`` commands (DESIGN.md §8, issue 14): CI pipelines branch on these codes,
+"""The ONE exit-code table of the ``smthrs`` commands (DESIGN.md §8): CI pipelines branch on these codes,
 so every command asks :func:`exit_code` (or :func:`refusal_exit` for a typed refusal) and none keeps its own.
 
 Invariant: **exit 0 means exactly "done"** — for ``run``/``resume``/``worker --run``: the run COMPLETED; for
@@ -11,25 +11,32 @@ first call whenever the run did not move in between (a ``deny`` exits 3 every ti
 code  meaning
 ====  =====================================================================================================
 0     completed / done (above)
-1     the run failed (not by a denial), was cancelled, or is quarantined
-2     refused input: any typed refusal (:class:`~smthrs_plugin.errors.SmthrsError`) but the denial family, an
-      unknown run or plan, a ``Conflict`` receipt, a decision on a run that settled otherwise
+1     the run failed (not by a denial): a node's own failure (its body raised, its command exited non-zero) —
+      final, every retry answers 1; or the run was cancelled, or is quarantined
+2     refused input: any typed refusal (:class:`~smthrs_plugin.errors.SmthrsError`) but the denial family and the
+      passing faults, an unknown run or plan, a ``Conflict`` receipt, a decision on a run that settled otherwise;
+      also a store that is the wrong one or damaged (``not_a_database``, ``corrupt``, ``schema_too_new``): the
+      same command cannot succeed until someone changes it
 3     denied: ``deny`` (its decision stands), a run failed by a denied approval, a denied plan, an unauthorized
       principal
 75    not finished, try again later (EX_TEMPFAIL): parked on an approval, a timer or an event (``Parked``, or
       ``suspended`` on ``waiting-approval``/``timer``/``event``); released and not yet re-driven; held by another
-      live owner (``pending``/``running`` — with ``--no-wait``)
+      live owner (``pending``/``running`` — with ``--no-wait``); or stopped by a **passing fault of the
+      environment** (:func:`refusal_exit` of an error whose :func:`~smthrs_plugin.errors.passing_fault` is a
+      store ``unreachable``/``disk_full``/``locked``/``read_only`` or an artifact store ``unavailable``): the run
+      is left resumable, never settled failed, and the same command continues it once the fault is gone
 ====  =====================================================================================================
 
 The table is total over :data:`OPERATIONS` × :data:`RECEIPTS` × :data:`STATUSES` × :data:`WAITING_REASONS` ×
-:data:`DECISIONS` (``tests/control/test_exit_codes.py`` walks all of it).
+:data:`DECISIONS`, and :func:`refusal_exit` over every family and code of ``errors.py``
+(``tests/control/test_exit_codes.py`` walks all of it).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.errors import SmthrsError, passing_fault
 
 __all__ = [
     "EXIT_OK",
@@ -87,7 +94,11 @@ _PARKED_REASONS = frozenset({"waiting-approval", "timer", "event", "released"})
 
 
 def refusal_exit(exc: SmthrsError) -> int:
-    """A typed refusal: 3 for the denial family (unauthorized, a denied plan or approval), else 2."""
+    """A typed error: 75 when a passing fault of the environment is behind it (``errors.passing_fault``, through
+    its causes: the same command succeeds once the fault is gone), 3 for the denial family (unauthorized, a denied
+    plan or approval), else 2."""
+    if passing_fault(exc) is not None:
+        return EXIT_TEMPFAIL
     return EXIT_DENIED if exc.code in _DENIED_CODES else EXIT_REFUSED
 
 

@@ -1,4 +1,10 @@
-"""``smthrs recover backup|verify|restore|fence`` — disaster recovery of the durable store."""
+"""``smthrs recover backup|verify|restore|fence`` — disaster recovery of the durable store.
+
+Invariant: ``backup`` and ``fence`` work on an EXISTING database — a SQLite path that does not exist is refused
+(exit 2, naming the path) before anything is created, so ``fence --db`` with a typo can never answer "fenced" for an
+empty database it just made while the restored one stays unfenced. Only ``restore`` creates a database (the
+backup's copy, at ``--db``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from ..errors import SmthrsError
 from ._common import DbOption, JsonOption
 from ._common import db_url as _db_url
 from ._common import done as _done
+from ._common import existing_db_url as _existing_db_url
 from ._common import refuse as _refuse
 
 recover_app = typer.Typer(
@@ -34,7 +41,7 @@ def recover_backup(
     from ..stores._database import open_database
 
     try:
-        written = backup(open_database(_db_url(db)), directory)
+        written = backup(open_database(_existing_db_url(db, "recover backup")), directory)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     m = written.manifest
@@ -103,7 +110,7 @@ def recover_fence(db: DbOption = None, as_json: JsonOption = False) -> None:
     from ..stores._database import open_database
 
     try:
-        fenced = fence(open_database(_db_url(db)))
+        fenced = fence(open_database(_existing_db_url(db, "recover fence")))
     except SmthrsError as exc:
         _refuse(as_json, exc)
     _done(

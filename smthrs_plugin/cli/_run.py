@@ -4,10 +4,18 @@ host, or (``--prefect``) inside a Prefect flow run, one task run per node dispat
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
 result: a line per node, or ONE JSON object with ``--json`` (DESIGN.md §8: ``run_id``, ``plan_id``, ``digest``,
 ``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/_exits.py``): 0 the
-run completed (every node built or clean), 1 a node failed (or was skipped) or the run was cancelled, 2 a refused
-input (any typed ``SmthrsError``: a malformed plan file names its line and field), 75 the run parked on a timer node
-(``wait:``) beyond the in-process budget — run again with ``--run-id`` (or let ``smthrs worker --plan`` resume it)
-once its stored deadline has passed — or ``--run-id`` names a run another live process owns.
+run completed (every node built or clean), 1 a node failed (its body raised, its command exited non-zero; or it
+was skipped) or the run was cancelled, 2 a refused input (any typed ``SmthrsError``: a malformed plan file names
+its line and field), 75 the run parked on a timer node (``wait:``) beyond the in-process budget — run again with
+``--run-id`` (or let ``smthrs worker --plan`` resume it) once its stored deadline has passed — or ``--run-id``
+names a run another live process owns, or a passing fault of the environment stopped it.
+
+**A passing fault never fails a run.** The database unreachable, a full disk, a lock held past the wait, a
+read-only store or the artifact store gone (``errors.passing_fault``) leave the run resumable (released, or still
+pending), never settled ``failed``: the command prints the fault (its code names it, its message says what to
+do) and exits 75, every time while the fault lasts; once it is gone, the same command continues the run (with
+``--key``: the same key; without: ``--run-id`` of the run printed) and its settled nodes replay. A node's own
+failure stays exit 1, final.
 
 With ``--key K`` the run goes through the control plane (``cli/control.py``: ``smthrs plan`` card, plan approval,
 receipts): the same key again is the retry — it finishes the run or follows it to its end, and exits 0 only once
@@ -28,11 +36,11 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
+from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption, check_workspace, db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli._exits import exit_code
 from smthrs_plugin.engine._context import RunCancelled, RunParked
-from smthrs_plugin.errors import FenceLost, SmthrsError
+from smthrs_plugin.errors import FenceLost, SmthrsError, passing_fault
 
 __all__ = ["register", "run_plan_file"]
 
@@ -51,6 +59,18 @@ def _held(as_json: bool, run_id: str | None, exc: FenceLost) -> NoReturn:
     else:
         typer.echo(f"smthrs: {exc}", err=True)
     raise typer.Exit(exit_code("run", None, "running"))
+
+
+def _faulted(run_id: str, exc: SmthrsError, fault: SmthrsError) -> SmthrsError:
+    """What a run stopped by passing ``fault`` answers: the fault's family and code (exit 75), what to do."""
+    return type(fault)(
+        fault.code,
+        f"run {run_id} was stopped by a passing fault of the environment, not by its own work: {fault.message}. "
+        f"The run is left resumable, not failed: once the fault is gone, resume it with --run-id {run_id} (its "
+        "settled nodes replay), or run the plan again (a new run: built work is served from the cache)",
+        cause=exc,
+        run_id=run_id,
+    )
 
 
 def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
@@ -121,8 +141,15 @@ def run_plan_file(
     from smthrs_plugin.runtime import open_runtime
     from smthrs_plugin.scheduler._planfile import read_plan_file
 
+    try:
+        check_workspace(
+            workspace
+        )  # a file named as the workspace: refused before a state directory is made in it
+        db_url(db, workspace)  # an empty --db is refused, never read as the default database
+    except SmthrsError as exc:
+        _refuse(as_json, exc)
     if key is not None:
-        # The control plane's path (issue 8, cli/control.py): plan → approval → admission under the key → drive.
+        # The control plane's path (cli/_control.py): plan → approval → admission under the key → drive.
         from smthrs_plugin.cli._control import run_with_key
 
         if run_id is not None:
@@ -144,8 +171,9 @@ def run_plan_file(
             as_json,
             SchedulerError("invalid_plan", "--input, --as and --no-wait go with --key (a control-plane run)"),
         )
+    rid: str | None = run_id
     try:
-        # --prefect and plugin actions (issue 6): the runtime opens first so `call: <action>` names are checked
+        # --prefect and plugin actions: the runtime opens first so `call: <action>` names are checked
         # against the installed plugins' actions while the file is read.
         with open_runtime(workspace=workspace, db=db) as rt:
             pf = read_plan_file(plan_file, actions=rt.actions)
@@ -166,7 +194,9 @@ def run_plan_file(
     except FenceLost as exc:
         _held(as_json, run_id, exc)
     except SmthrsError as exc:
-        _refuse(as_json, exc)
+        # A passing fault (exit 75 by the one table) names the run it left resumable; anything else is refused.
+        fault = passing_fault(exc)
+        _refuse(as_json, _faulted(rid, exc, fault) if rid is not None and fault is not None else exc)
     except (RunParked, RunCancelled) as stopped:
         _stopped(as_json, stopped)  # durable waits: parked on a timer node (exit 75), or cancelled (exit 1)
     status = "failed" if report.failed else "completed"

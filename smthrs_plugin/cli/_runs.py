@@ -3,8 +3,9 @@
 Invariant: ``runs`` is one call of :func:`smthrs_plugin.observe._catalog.list_runs` (filters applied in SQL, pages
 in creation order) and ``show`` one call of :func:`smthrs_plugin.observe.snapshot.read`; each prints a human text
 or ONE JSON object. ``runs`` prints the cursor of the next page (pass it back with ``--cursor`` and the SAME
-filters). Exit codes: 0 done; 2 refused input (bad filter, limit or cursor) and ``show`` of a run that does not
-exist (the JSON object still says whether a tombstone records its deletion).
+filters). Exit codes: 0 done; 2 refused input (bad filter, limit or cursor), a SQLite database that does not exist
+(never created by a read), and ``show`` of a run that does not exist (the JSON object still says whether a
+tombstone records its deletion).
 
 Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the commands.
 """
@@ -18,8 +19,8 @@ from typing import Annotated, Any
 import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption
-from smthrs_plugin.cli._common import db_url as _db_url
 from smthrs_plugin.cli._common import done as _done
+from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli._exits import EXIT_REFUSED
 from smthrs_plugin.errors import ControlError, SmthrsError
@@ -80,7 +81,7 @@ def list_runs_command(
             created_after_ms=created_after,
             created_before_ms=created_before,
         )
-        page = list_runs(open_database(_db_url(db)), filters, cursor=cursor, limit=limit)
+        page = list_runs(open_database(_existing_db_url(db, "runs")), filters, cursor=cursor, limit=limit)
     except SmthrsError as exc:
         _refuse(as_json, exc)
     lines = [_row(r.to_json()) for r in page.runs] or ["no runs"]
@@ -108,7 +109,7 @@ def show_run(
     from smthrs_plugin.stores._database import open_database
 
     try:
-        batch = read(open_database(_db_url(db)), [run_id])
+        batch = read(open_database(_existing_db_url(db, "show")), [run_id])
     except SmthrsError as exc:
         _refuse(as_json, exc)
     obs = batch.items[0]

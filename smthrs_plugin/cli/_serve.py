@@ -3,10 +3,12 @@
 ::
 
     smthrs serve [--host 127.0.0.1] [--port 8787] [--quiet] [--token-file F] [--as ID/KIND]
+                 [--header-timeout S] [--body-timeout S] [--max-connections N] [--max-client-connections N]
     smthrs signal RUN NAME --value JSON [--key K] [--as ID/KIND] [--json]
 
 Invariant: ``serve`` is one call of :func:`smthrs_plugin.serve._server.run_server` (typed refusals — a network bind
-without a credential, a port in use — exit 2 before anything listens; SIGTERM/SIGINT exit 0); ``signal`` is one call
+without a credential, a token file that is not a small regular file, a limit out of range, a port in use — exit 2
+before anything listens; SIGTERM/SIGINT exit 0); ``signal`` is one call
 of :meth:`~smthrs_plugin.control._control.Control.signal` and prints the object the ``signal`` JSON-RPC method
 answers (``serve/_wire.py``). Exit codes: ``signal`` 0 when the value is delivered (now, or by an identical earlier
 call: ``Accepted``/``AlreadyApplied``); 2 for refused input, an unknown run, a ``Conflict`` (the key already names
@@ -23,10 +25,17 @@ from typing import Annotated
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption
+from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption, existing_db_url
 from smthrs_plugin.cli._control_support import fail, parse_principal
 from smthrs_plugin.cli._exits import EXIT_OK, exit_code
 from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.serve._limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CLIENT_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS,
+    FD_HEADROOM,
+)
 
 __all__ = ["register", "serve_command", "signal_command", "DEFAULT_PORT"]
 
@@ -64,13 +73,51 @@ def serve_command(
         str | None,
         typer.Option("--as", help="The principal an authenticated caller acts as (default local/operator)."),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            metavar="SECONDS",
+            help="A request's line and headers must arrive within this many seconds, or the connection is closed.",
+        ),
+    ] = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout",
+            metavar="SECONDS",
+            help="A request's body must arrive within this many seconds of its headers, or the connection is closed.",
+        ),
+    ] = DEFAULT_BODY_TIMEOUT_S,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections",
+            help=f"Open connections in total; more are answered 503 (default {DEFAULT_MAX_CONNECTIONS}, or half "
+            f"the open-file limit when lower; at most that limit minus {FD_HEADROOM}).",
+            show_default=False,
+        ),
+    ] = None,
+    max_client_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-client-connections", help="Open connections per client address; more are answered 503."
+        ),
+    ] = DEFAULT_MAX_CLIENT_CONNECTIONS,
     workspace: WorkspaceOption = None,
     db: DbOption = None,
 ) -> None:
     """Serve the control plane over HTTP: JSON-RPC verbs at /rpc, run events at /projections, the review page at /."""
     try:
+        from smthrs_plugin.serve._limits import ConnectionLimits
         from smthrs_plugin.serve._server import run_server
 
+        limits = ConnectionLimits(
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            max_connections=max_connections,
+            max_client_connections=max_client_connections,
+        )
         run_server(
             host=host,
             port=port,
@@ -79,6 +126,7 @@ def serve_command(
             principal=parse_principal(as_),
             workspace=workspace,
             db=db,
+            limits=limits,
         )
     except SmthrsError as exc:
         raise fail(False, exc) from None
@@ -106,7 +154,8 @@ def signal_command(
 
     try:
         decoded = loads_json(value, "--value")  # refused (exit 2) before the database is opened
-        with open_runtime(workspace=workspace, db=db) as rt:
+        # A signal goes to an existing run: a mistyped --db must not create an empty database to look in.
+        with open_runtime(workspace=workspace, db=existing_db_url(db, "signal", workspace)) as rt:
             control = rt.control()
             receipt = control.signal(
                 run_id, name, decoded, idempotency_key=key, principal=parse_principal(as_)

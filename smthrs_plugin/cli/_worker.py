@@ -21,6 +21,11 @@ Invariants:
   the parameters the run started with); ``--plan PLAN.yaml`` registers the plan file's flow
   (its runs are driven by the plan scheduler; settled nodes replay ``clean``, timer nodes keep their deadlines).
   A malformed spec is refused (exit 2) before anything is written.
+- ``--param NAME=VALUE``: VALUE is decoded by the bounded decoder for untrusted JSON (``_untrusted.decode_json``);
+  text that is not JSON at all is the string itself (as Prefect's own ``--param``), but JSON outside the decoder's
+  bounds — an integer of more than 100 digits, ``NaN``, a duplicate member name, deep nesting — is refused (exit 2),
+  never silently kept as a string. ``--budget`` and ``--grace`` are finite seconds (``inf``/``nan``/negative
+  refused: a shutdown's thread join would overflow on ``inf``).
 - The driver comes from the composition root (``open_runtime(...).run_driver(...)``), so it claims and steals
   with the same owner, liveness check and metrics as every other part of the runtime.
 
@@ -40,9 +45,11 @@ from typing import Annotated, Any
 
 import typer
 
+from smthrs_plugin._untrusted import decode_json
+from smthrs_plugin.cli._common import check_workspace, db_url, seconds
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli._exits import EXIT_PARKED, EXIT_REFUSED, exit_code
-from smthrs_plugin.errors import SmthrsError, WaitError
+from smthrs_plugin.errors import InvalidInput, SmthrsError, WaitError
 
 __all__ = ["register", "worker", "parse_flow_spec", "outcome_exit_code", "drive_one"]
 
@@ -175,7 +182,11 @@ def worker(
     runtime: Runtime | None = None
     try:
         try:
-            settings = load_settings(workspace=workspace, db_url=db)
+            check_workspace(workspace)
+            settings = load_settings(workspace=workspace, db_url=db_url(db, workspace))
+            if budget is not None:
+                budget = seconds(budget, "--budget")
+            grace = seconds(grace, "--grace")
             parameters = _parse_params(param) if param else None
             if parameters is not None and run is None:
                 raise WaitError("invalid_wait", "--param applies to the run given with --run")
@@ -239,9 +250,11 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
                 "invalid_wait", f"--param {item!r}: write NAME=VALUE (e.g. --param day=2026-11-30)"
             )
         try:
-            out[name] = json.loads(raw)
-        except ValueError:
-            out[name] = raw  # like Prefect's own --param: a value that is not JSON is a string
+            out[name] = decode_json(raw, f"--param {name}")
+        except InvalidInput as exc:
+            if exc.details.get("bound") != "plain_data":
+                raise  # JSON outside the bounds is refused, never kept as a string that looks like the number
+            out[name] = raw  # like Prefect's own --param: a value that is not JSON at all is a string
     return out
 
 

@@ -44,7 +44,7 @@ stream (a data format, no code) and fully validated; a DataFrame is that table's
 injected sink (without a sink they stay inline, as for ``bytes``); a payload read back is
 checked against its recorded size and SHA-256 before it is parsed (``CodecError(undecodable)`` otherwise).
 
-Results by reference (issue 20, item 3). A value *decoded* by these codecs remembers the digest it came from
+Results by reference. A value *decoded* by these codecs remembers the digest it came from
 (process-local, ``id(obj)`` → weak reference + key form, dropped by ``weakref.finalize``), so keying the SAME object
 again (a step receiving another step's cached result) costs no hashing. Reuse is only sound while the object is
 unchanged, so it is restricted to objects this module created from immutable bytes:

@@ -5,7 +5,7 @@ proves it is still that object), and only while that object's guard says it is u
 object that dies takes its entry with it (``weakref.finalize``). What "unchanged" means is each codec's own
 proof (see ``_frames``); this module only keeps the entries.
 
-Travelling identities (issue 20, item 3: results by reference on process pools and Dask). An identity is
+Travelling identities (results by reference on process pools and Dask). An identity is
 process-local, but a Prefect process pool or Dask cluster pickles every value that crosses a process: a decoded
 frame arriving in another process would be hashed again. :func:`carry` installs a ``copyreg`` reducer for one exact
 type so that a remembered object is pickled as ``arrive(key_form, snapshot)``: the receiving process unpickles the

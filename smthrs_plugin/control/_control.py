@@ -53,7 +53,7 @@ from ..engine._context import DEFAULT_BUS
 from ..engine._facts import append_control_lifecycle_in
 from ..engine.ownership._liveness import LeaseLiveness, LivenessCheck
 from ..engine.waits._flow_waits import HostWake, HostWaker, tell_host
-from ..errors import ControlError, StoreError
+from ..errors import ControlError, StoreError, passing_fault
 from ..observe._catalog import RunFilters, RunPage, list_runs
 from ..plan import Plan
 from ..records._journal import Journal
@@ -342,6 +342,10 @@ class Control:
         try:
             launcher.launch(run)
         except Exception as exc:
+            fault = passing_fault(exc)
+            if fault is not None:  # never the run's failure: the same key drives it again (_launch.py)
+                stopped = ln.leave_resumable(self.waits, run_id, self.owner, exc, fault, self.clock.now_ms())
+                raise stopped from exc
             error = {"error": type(exc).__name__, "message": getattr(exc, "message", str(exc))}
             refused = self.db.write(
                 lambda c: ln.fail_refused_in(c, self.waits, run_id, self.owner, error, self.clock.now_ms())
@@ -485,7 +489,7 @@ class Control:
         m = Mutation(action, key, body, principal)
         if scope is not None:
             # A malformed scope is refused input (invalid_input/grant_scope, exit 2) BEFORE the authority judges
-            # it: an authority asked about a scope that does not exist would answer "unauthorized" (issue 14).
+            # it: an authority asked about a scope that does not exist would answer "unauthorized".
             check_scope(scope)
         self.approvals.authorize(AuthorityRequest(principal, action, tgt.kind, tgt.name, scope))
         if isinstance(tgt, NodeTarget):

@@ -12,6 +12,13 @@ Invariants
   :func:`fail_refused_in`: ``failed`` with the error, ``control.run.failed``, only while the row is still
   ``pending`` under no claim or ours — a run another process took over is never marked failed by us. The
   admission receipt is kept: the same key answers ``AlreadyApplied`` for the failed run.
+- **A passing fault is never a failure** (``errors.passing_fault``: the store unreachable, a full disk, a lock held
+  too long, a read-only store, the artifact store gone). Whenever it struck — before activation (the run is still
+  ``pending``: :func:`leave_resumable` gives our claim back, journaled ``launch-fault``, so any process may launch
+  it at once) or after (the run driver released it, cause ``fault:<family>/<code>``) — the run is left resumable
+  and the launch raises the fault named for the run (:func:`stopped_by_fault`): the same key drives it again
+  once the fault is gone, its settled nodes replay. If the store still fails, giving the claim back fails too
+  and the claim's lease lapses instead (``stale_after``, like a crashed admitter's).
 - **Lifecycle facts.** Every ``control.run.*`` lifecycle entry written here carries ``{factVersion: 1, baseline,
   run}`` (``engine.facts.append_control_lifecycle_in``), ``run`` read after the row change in its transaction.
 - **No table here.** The run-row statements (:class:`RunRow` and its read, the claim compare-and-set) are the
@@ -23,6 +30,7 @@ Invariants
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +38,9 @@ from sqlalchemy.engine import Connection
 
 from ..canonical import canonical_bytes
 from ..engine._facts import append_control_lifecycle_in
+from ..engine.drive._active_run import fault_cause
 from ..engine.ownership._liveness import Dead, LivenessCheck, LivenessContext
+from ..errors import SmthrsError
 from ..plan import Plan
 from ..records._journal import Journal
 from ..records._runs import (
@@ -61,7 +71,11 @@ __all__ = [
     "cancel_unowned_in",
     "claim_holder",
     "judge_claim",
+    "leave_resumable",
+    "stopped_by_fault",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -223,3 +237,46 @@ def cancel_unowned_in(
         conn, waits.journal, run_id, "control.run.cancelled", {"from_status": row.status}
     )
     return True
+
+
+def stopped_by_fault(run_id: str, error: BaseException, fault: SmthrsError) -> SmthrsError:
+    """The error a launch stopped by passing ``fault`` raises: the fault's own family and code (so the CLI exits
+    75 and a script can branch on what it is), a message naming the run, the fault and what to do; ``cause`` the
+    error the launch raised."""
+    return type(fault)(
+        fault.code,
+        f"run {run_id} was stopped by a passing fault of the environment, not by its own work: {fault.message}. "
+        "The run is left resumable, not failed: repeat the same request with the same idempotency key (--key) "
+        "once the fault is gone — its settled nodes replay",
+        cause=error,
+        run_id=run_id,
+    )
+
+
+def leave_resumable(
+    waits: WaitStore, run_id: str, me: OwnerId, error: BaseException, fault: SmthrsError, now_ms: int
+) -> SmthrsError:
+    """A launch of ``run_id`` raised ``error``, a passing ``fault``: give back our pending claim (when the run was
+    never activated) and return :func:`stopped_by_fault` for the caller to raise (see the module invariants)."""
+    db, journal = waits.db, waits.journal
+
+    def fn(conn: Connection) -> None:
+        row = run_row_in(conn, run_id)
+        if row is None or row.status != "pending" or row.claim != me:
+            return  # activated (the run driver released it) or taken over: nothing of ours to give back
+        if clear_claim_if_in(conn, run_id, row.claim_token):
+            bump_run(conn, db, run_id, {"updated_at_ms": now_ms})
+            journal.append_in(
+                conn,
+                run_id,
+                "launch-fault",
+                {"cause": fault_cause(fault), "owner": me.to_json(), "message": fault.message},
+            )
+
+    try:
+        db.write(fn)
+    except SmthrsError as exc:
+        # The store still fails: our claim stays until its lease lapses. The fault the caller raises says what
+        # happened; this is the reason the next attempt may wait for that lease.
+        log.warning("could not give back the claim on run %r after a passing fault: %s", run_id, exc)
+    return stopped_by_fault(run_id, error, fault)

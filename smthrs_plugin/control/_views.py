@@ -33,7 +33,7 @@ class RequestView:
     via_grant: str | None = None
 
     def to_json(self) -> dict[str, JSON]:
-        # Our own view, so our own JSON vocabulary: snake_case (issue 14; the CLI's --json prints it as is).
+        # Our own view, so our own JSON vocabulary: snake_case (the CLI's --json prints it as is).
         out: dict[str, JSON] = {
             "request_id": self.request_id,
             "token_id": self.token_id,

@@ -1,5 +1,5 @@
 """Remote execution: node and ``@step`` bodies run on task-runner workers that share only the artifact store
-(S3) with the coordinator; the workspace never leaves the coordinator's machine (issue 17).
+(S3) with the coordinator; the workspace never leaves the coordinator's machine.
 
 How a remote miss runs (Bazel's remote execution, on Prefect's task runners):
 1. The coordinator runs the cache dispatch seam as for an in-process job: key, lookup (a hit is served and

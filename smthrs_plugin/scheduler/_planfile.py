@@ -139,7 +139,7 @@ class CommandInterrupted(CommandFailed):
 class PlanFileExecutor:
     """Runs plan-file nodes from their bodies (``run`` / ``call``). Stateless and picklable.
 
-    ``actions`` (issue 6, plugins): named plan actions — ``call: <name>`` (no ``:``) runs ``actions[name]`` with the
+    ``actions`` (plugins): named plan actions — ``call: <name>`` (no ``:``) runs ``actions[name]`` with the
     same contract as a ``pkg.module:function`` target; the runtime passes the plugins' actions (``rt.actions``)."""
 
     actions: Mapping[str, Any] = field(default_factory=dict)

@@ -48,7 +48,7 @@ from ..cache._model import DispatchRequest
 from ..cache._requests import build_request
 from ..cache._requests import declaration_of as request_declaration
 from ..canonical import canonical_bytes
-from ..errors import ArtifactError, BoundaryError, SchedulerError
+from ..errors import ArtifactError, BoundaryError, SchedulerError, passing_fault
 from ..plan import Plan, PlanNode
 from ..plan._keys import resolve_refs
 from ..records._attempts import AttemptRecord, AttemptStore
@@ -116,6 +116,9 @@ class Prep:
     row: int = 0
     #: Submitted before the transaction beginning its attempt commits (see the module invariants).
     pipelined: bool = False
+    #: Admission passes in which capacity left the node waiting before it was admitted (its aging bonus), journaled
+    #: in ``node-scheduled``; set by the coordinator that admitted it.
+    waited: int = 0
 
 
 def _ordinal(rec: AttemptRecord) -> int:
@@ -221,7 +224,10 @@ class RunSession:
     def record(
         self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None
     ) -> Settlement:
-        """Remember how ``node_id`` settled; journal ``node-settled`` unless a job already did."""
+        """Remember how ``node_id`` settled; journal ``node-settled`` unless a job already did. A journaled
+        ``deferred`` settlement is preceded by its ``selection-deferred`` record (``plan_id``, ``node_id``,
+        ``plan_key``): the debt opens under the plan key before the settlement that results from it, and only here —
+        a node is deferred only when its dependencies succeeded, so a failed cone never opens selection debt."""
         node = self.plan.node(node_id)
         s = Settlement(
             node=node_id,
@@ -235,6 +241,11 @@ class RunSession:
         )
         self.settled[node_id] = s
         if journal:
+            if outcome == "deferred":
+                self.journal(
+                    "selection-deferred",
+                    {"plan_id": self.plan.plan_id, "node_id": node_id, "plan_key": node.key},
+                )
             self.journal(
                 "node-settled",
                 settled_payload(
@@ -360,6 +371,8 @@ class RunSession:
         try:
             gate(node)
         except Exception as exc:  # a denial (ApprovalDenied) or a refused gate spec: the node's outcome
+            if passing_fault(exc) is not None:
+                raise  # the store failed under the gate: no decision was read, the run stays resumable
             return error_line(exc)
         return None
 
@@ -398,7 +411,8 @@ class RunSession:
 
     # -------------------------------------------------------------------------------------------- dispatch
     def begin(self, prep: Prep) -> None:
-        """Buffer the attempt start: ``node-invalidated`` (if the key moved), the attempt row, ``node-scheduled``."""
+        """Buffer the attempt start: ``node-invalidated`` (if the key moved), the attempt row, ``node-scheduled``
+        (with ``waited``: the admission passes in which capacity left the node waiting before it was admitted)."""
         cfg = self.cfg
         node_id = prep.node.id
         if prep.invalidated is not None:
@@ -429,6 +443,7 @@ class RunSession:
                 "node_id": node_id,
                 "dispatch_key": prep.key,
                 "attempt": prep.attempt,
+                "waited": prep.waited,
             },
         )
 

@@ -7,11 +7,15 @@ Invariants
 - **A mutation is authenticated before it is looked at** (``_auth.py``): the method name is the only thing read
   from an unauthenticated mutation; ``401`` (no credential) / ``403`` (wrong one), nothing written.
 - **HTTP status**: ``200`` for every JSON-RPC response to a well-formed call (a result, or an error object for a
-  typed refusal), ``400`` when the body is not one JSON-RPC request (``-32700``/``-32600``), ``401``/``403`` for
-  the credential, ``413`` over the size bound, ``500`` for a bug (``-32603``).
+  typed refusal), ``503`` with ``Retry-After`` for an error object marked ``retryable`` (a passing fault of the
+  store: the same call succeeds once it is gone), ``400`` when the body is not one JSON-RPC request
+  (``-32700``/``-32600``), ``401``/``403`` for the credential, ``413`` over the size bound, ``500`` for a bug
+  (``-32603``).
 - **Loopback stays loopback**: a server bound to a loopback address answers only requests whose ``Host`` names a
   loopback host (``421`` otherwise), so a web page cannot reach it through DNS rebinding. Pages are never framed
   (``frame-ancestors 'none'``): a framed Approve button could be clicked for someone else.
+- **Slow clients are the protocol's business** (``_connections``): header and body deadlines close them; a body cut
+  short that way ends its request here without a traceback, nothing parsed.
 - Blocking work (the database) runs on worker threads; the event loop only moves bytes.
 """
 
@@ -25,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
@@ -125,8 +129,14 @@ def create_app(
                     {"WWW-Authenticate": 'Bearer realm="smthrs"'},
                 )
         answer = await run_in_threadpool(methods.call, call)
-        internal = answer.get("error", {}).get("code") == INTERNAL_ERROR
-        return _json(answer, 500 if internal else 200)
+        error = answer.get("error", {})
+        if error.get("code") == INTERNAL_ERROR:
+            return _json(answer, 500)
+        if error.get("data", {}).get("retryable"):
+            return _json(
+                answer, 503, {"Retry-After": "5"}
+            )  # a passing fault: proxies and clients retry on 503
+        return _json(answer, 200)
 
     @app.get("/projections", include_in_schema=False)
     async def projections_http(request: Request) -> Response:
@@ -175,10 +185,19 @@ async def _bounded_body(request: Request) -> bytes | Response:
         if int(length) > MAX_BODY_BYTES:
             return _too_large(f"announced ({int(length):,} bytes)")
     buf = bytearray()
-    async for chunk in request.stream():
-        if len(buf) + len(chunk) > MAX_BODY_BYTES:
-            return _too_large("sent")
-        buf += chunk
+    try:
+        async for chunk in request.stream():
+            if len(buf) + len(chunk) > MAX_BODY_BYTES:
+                return _too_large("sent")
+            buf += chunk
+    except ClientDisconnect:
+        # The connection closed before the body was complete (the client left, or missed the body deadline and
+        # the server closed it): nothing was parsed or run, and this answer has no reader — it only ends the request.
+        gone = ControlError(
+            "request_timeout",
+            "the connection closed before the request body was complete; send the whole body",
+        )
+        return _json(error_response(None, INVALID_REQUEST, gone), 400)
     return bytes(buf)
 
 

@@ -1,6 +1,6 @@
 """Who may change something through ``smthrs serve``: the bearer credential, the bind rule, the operator principal.
 
-Invariants (seeds/001 "Who may decide"; issue 18)
+Invariants
 - **Reads are open, mutations need the credential.** Every call that writes (``plan``, ``approve``, ``deny``,
   ``cancel``, ``resume``, ``signal``) must carry ``Authorization: Bearer <token>``: no header answers ``401``, any
   other value ``403`` — decided before the request's parameters are looked at, so a refused call writes nothing.
@@ -21,6 +21,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,6 +32,7 @@ from ..errors import ControlError
 __all__ = [
     "TOKEN_ENV",
     "MIN_TOKEN_CHARS",
+    "MAX_TOKEN_FILE_BYTES",
     "ServeAuth",
     "Verdict",
     "is_loopback",
@@ -41,6 +43,8 @@ __all__ = [
 TOKEN_ENV = "SMTHRS_SERVE_TOKEN"
 #: A configured credential shorter than this is refused: it could be guessed by a network caller.
 MIN_TOKEN_CHARS = 16
+#: The largest ``--token-file`` read: a token is a line; a larger file is not a token file.
+MAX_TOKEN_FILE_BYTES = 4096
 
 Verdict = Literal["ok", "missing", "wrong"]
 
@@ -57,19 +61,11 @@ def is_loopback(host: str) -> bool:
 
 def configured_credential(token_file: Path | None) -> str | None:
     """The configured bearer credential: ``--token-file`` (its content, surrounding whitespace stripped) wins over
-    ``SMTHRS_SERVE_TOKEN``; None when neither is given. Refuses an unreadable file or a credential shorter than
-    :data:`MIN_TOKEN_CHARS` (the message never shows the credential)."""
+    ``SMTHRS_SERVE_TOKEN``; None when neither is given. Refuses an unreadable file, one that is not a regular file or
+    is over :data:`MAX_TOKEN_FILE_BYTES`, and a credential shorter than :data:`MIN_TOKEN_CHARS` (the message never
+    shows the credential)."""
     if token_file is not None:
-        try:
-            text = token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ControlError(
-                "invalid_options",
-                f"--token-file {str(token_file)!r} cannot be read as UTF-8 text ({type(exc).__name__}); give a file "
-                "holding the bearer token",
-                option="token_file",
-                cause=exc,
-            ) from exc
+        text = _read_token_file(token_file).strip()
         where = f"--token-file {str(token_file)!r}"
     else:
         env = os.environ.get(TOKEN_ENV)
@@ -84,6 +80,58 @@ def configured_credential(token_file: Path | None) -> str | None:
             option="token_file" if token_file is not None else "token",
         )
     return text
+
+
+def _read_token_file(token_file: Path) -> str:
+    """The text of ``token_file``, read bounded. Opened without blocking and checked to be a regular file before a
+    byte is read: a FIFO would block the start for ever and ``/dev/zero`` would be read until memory runs out."""
+    shown = f"--token-file {str(token_file)!r}"
+
+    def refused(why: str, cause: BaseException | None = None) -> ControlError:
+        return ControlError(
+            "invalid_options",
+            f"{shown} {why}; give a regular file holding the bearer token (at most {MAX_TOKEN_FILE_BYTES} bytes)",
+            option="token_file",
+            cause=cause,
+        )
+
+    try:
+        fd = os.open(token_file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise refused(f"cannot be opened ({exc.strerror or type(exc).__name__})", exc) from exc
+    try:
+        mode = os.fstat(fd).st_mode  # of what was opened, not of the name: no swap between check and read
+        if not stat.S_ISREG(mode):
+            raise refused(f"is not a regular file (a {_file_kind(mode)})")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_TOKEN_FILE_BYTES:
+            chunk = os.read(fd, MAX_TOKEN_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise refused(f"cannot be read ({exc.strerror or type(exc).__name__})", exc) from exc
+    finally:
+        os.close(fd)
+    if size > MAX_TOKEN_FILE_BYTES:
+        raise refused(f"is larger than {MAX_TOKEN_FILE_BYTES} bytes")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refused("is not UTF-8 text", exc) from exc
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 @dataclass(frozen=True)

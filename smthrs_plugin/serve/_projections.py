@@ -16,7 +16,7 @@ Invariants
   journal; more answer ``503``/close ``1013``), on their own thread limiter so readers can never starve ``/rpc``.
   A stream waits in slices of :data:`IDLE_S`, so a disconnect or a server shutdown ends it within one slice
   (close ``1001`` on shutdown; the HTTP stream simply ends).
-- Reads need no credential (seeds/001: calls without the token retain read access). A browser page of another
+- Reads need no credential (calls without the token keep read access). A browser page of another
   origin may not open the WebSocket (its ``Origin`` must name the host the client connected to): a WebSocket is
   not covered by the same-origin policy, and run events are not for other sites to read.
 """

@@ -1,7 +1,7 @@
 """What the review page shows: the pending plan cards and node requests, and one card drawn for a reviewer.
 
 ``pending_items(control)`` and ``card_view(control, ident)`` are the results of the read-only RPC methods
-``review.pending`` and ``review.card`` (the contract of issue 18). They are plain JSON built from the control
+``review.pending`` and ``review.card``. They are plain JSON built from the control
 plane's own reads; nothing here writes.
 
 Invariants

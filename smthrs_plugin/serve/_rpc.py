@@ -21,9 +21,12 @@ Invariants
   (``smthrs worker``, or ``smthrs resume RUN --key K`` with the same key, which answers ``AlreadyApplied`` and
   drives it). A node approval wakes a parked run itself (the decision's resume delegation).
 - **Errors are typed.** A refusal answers a JSON-RPC error whose ``data`` is the typed error (``family``, ``code``,
-  ``message`` and its details, never its internal ``cause``): ``-32602`` for refused input, ``-32000`` for every
-  other refusal. Anything else is a bug: logged with its traceback on the server, answered ``-32603`` with no
-  details.
+  ``message`` and its details, never its internal ``cause``): ``-32700`` for a body the bounded decoder refuses
+  (not JSON, not UTF-8, a duplicate member name, an integer of more than 100 digits, too deep; ``data.bound`` says
+  which), ``-32600`` for a body that is not one request object (a batch, a non-object, no ``id``, no ``method``
+  string, unknown members), ``-32601`` for an unknown method, ``-32602`` for refused params or input, ``-32000``
+  for every other refusal. Anything else is a bug: logged with its traceback on the server, answered ``-32603``
+  with no details.
 - ``plan {path}`` reads a plan file INSIDE the server's workspace only (a relative path is relative to it); ``plan
   {text}`` takes the YAML itself. Either is bounded by the plan-file reader.
 """
@@ -31,6 +34,7 @@ Invariants
 from __future__ import annotations
 
 import logging
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,7 +44,7 @@ from typing import Any
 from ..control._authority import NodeTarget, PlanTarget
 from ..control._control import Control
 from ..control._identity import Principal, refuse
-from ..errors import ControlError, InvalidInput, SmthrsError
+from ..errors import ControlError, InvalidInput, SmthrsError, passing_fault
 from ..runtime import Runtime
 from ._wire import loads_json, plan_payload, receipt_payload, runs_payload, show_payload
 
@@ -161,7 +165,13 @@ def parse_call(body: bytes) -> Call:
     if extra:
         raise _invalid_request(f"unknown request members {sorted(extra)}", request_id)
     method = data.get("method")
-    if type(method) is not str or method not in METHODS:
+    if type(method) is not str:
+        raise _invalid_request(
+            f"the request needs a method name (a string), got {_json_type(method)}; known: "
+            + ", ".join(sorted(METHODS)),
+            request_id,
+        )
+    if method not in METHODS:
         shown = repr(method)[:80]
         raise RpcFailure(
             METHOD_NOT_FOUND,
@@ -199,6 +209,10 @@ def error_response(request_id: int | str | None, rpc_code: int, error: SmthrsErr
     else:
         data = error.to_dict()
         data.pop("cause", None)
+        if passing_fault(error) is not None:
+            # The store failed under the call, nobody refused it: the same call succeeds once the fault is gone
+            # (the HTTP answer is 503 with Retry-After, see _app).
+            data["retryable"] = True
         body = {"code": rpc_code, "message": error.message, "data": data}
     return {"jsonrpc": "2.0", "id": request_id, "error": body}
 
@@ -260,12 +274,35 @@ class Methods:
 
     def _inside_workspace(self, path: str) -> Path:
         root = self.rt.workspace.resolve()
+        if "\x00" in path:  # no file has such a name; the OS calls below would raise a bare ValueError
+            raise _options(
+                f"path {path[:200]!r} holds a NUL character; name a plan file of the workspace", "path"
+            )
         candidate = Path(path)
         resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
         if not resolved.is_relative_to(root):
             raise _options(
                 f"path {path!r} is outside the server's workspace {str(root)!r}; the server reads plan files of its "
                 "workspace only — send the YAML as text instead",
+                "path",
+            )
+        # A FIFO or device in the workspace would hold a worker thread for ever (or stream without end): only a
+        # regular file is read. A missing file is left to the plan-file reader, which names it.
+        try:
+            mode = resolved.stat().st_mode
+        except FileNotFoundError:
+            return resolved
+        except OSError as exc:
+            raise ControlError(
+                "invalid_options",
+                f"path {path[:200]!r} cannot be looked at ({exc.strerror or type(exc).__name__}); name a plan file "
+                "of the workspace, or send the YAML as text",
+                option="path",
+                cause=exc,
+            ) from exc
+        if not stat.S_ISREG(mode):
+            raise _options(
+                f"path {path!r} is not a regular file; name a plan file of the workspace, or send the YAML as text",
                 "path",
             )
         return resolved
@@ -349,7 +386,7 @@ class Methods:
         )
 
     def _review_pending(self, p: dict[str, Any]) -> Any:
-        from . import _review  # the review page's reads (issue 18), loaded when first asked for
+        from . import _review  # the review page's reads, loaded when first asked for
 
         return _review.pending_items(self.control)
 

@@ -7,6 +7,8 @@ Invariants
   them; ``--quiet`` keeps them and silences everything else but errors):
   ``smthrs serve: approval token: TOKEN`` (loopback only, first, so a reader that stops at the next line already
   has it) and ``smthrs serve: listening on http://HOST:PORT/`` (the real port, also with ``--port 0``).
+- **A hostile client holds nothing for long** (``_connections``): request headers and bodies have deadlines, and
+  open connections are capped per client address and in total; over a cap a connection is answered ``503`` at once.
 - **SIGTERM and SIGINT stop gracefully with exit 0**: no new connections, live projection streams end within one
   idle slice, requests in flight finish (every write is one transaction, so none is half-done), then the runtime
   closes. uvicorn re-raises the captured signal after it stopped; this module's own handlers absorb that, so the
@@ -30,6 +32,7 @@ from ..errors import ControlError
 from ..runtime import open_runtime
 from ._app import create_app
 from ._auth import auth_for_bind, is_loopback
+from ._connections import ConnectionLimits, guarded_protocol
 
 __all__ = ["run_server", "LISTENING_PREFIX", "TOKEN_PREFIX"]
 
@@ -99,9 +102,12 @@ def run_server(
     principal: Principal,
     workspace: Path | None,
     db: str | None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (see the module invariants); typed refusals raise before anything listens."""
+    """Serve until SIGTERM/SIGINT (see the module invariants); typed refusals raise before anything listens.
+    ``limits``: the connection deadlines and caps (None: the defaults)."""
     auth = auth_for_bind(host, token_file, principal)
+    limits = ConnectionLimits() if limits is None else limits
     stopping = threading.Event()
     with open_runtime(workspace=workspace, db=db) as rt:
         sock = _bind(host, port)
@@ -110,6 +116,7 @@ def run_server(
             app = create_app(rt, auth, stopping=stopping, loopback_host=host if is_loopback(host) else None)
             config = uvicorn.Config(
                 app,
+                http=guarded_protocol(limits),
                 log_level="error" if quiet else "info",
                 access_log=not quiet,
                 lifespan="off",

@@ -3,21 +3,23 @@
 Invariants
 - **One shape per verb, whichever door it came through.** A JSON-RPC result is the object the CLI prints for the
   same verb with ``--json`` (README "JSON output"): our own fields snake_case and always present (null when they do
-  not apply), the nested ``receipt`` in the seed's wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``)
+  not apply), the nested ``receipt`` in the receipts' wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``)
   plus ``type``. The CLI prints the very objects built here (``cli/_control_support.answer``: ``cli`` may import
   ``serve``, never the reverse), so the two doors cannot drift apart.
-- **Caller JSON text is parsed bounded**: strict UTF-8, no ``NaN``/``Infinity`` constants, and nesting that would
-  exhaust the parser's stack is a typed ``depth`` refusal, never a ``RecursionError``. What the parser admits then
-  crosses the identity boundary (``control/identity.py``) like any other input.
+- **Caller JSON text is parsed by the one bounded decoder** (``_untrusted.decode_json``): strict UTF-8, one meaning
+  per document (a duplicate member name is refused: ``{"ident": A, "ident": B}`` must not approve B here and mean
+  A to another parser), no ``NaN``/``Infinity``, no integer of thousands of digits, bounded nesting; every refusal
+  is a typed ``InvalidInput``, never a ``ValueError``/``RecursionError``. What it admits then crosses the identity
+  boundary (``control/_identity.py``) like any other input.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from .._untrusted import decode_json
 from ..control._control import Control
-from ..control._identity import MAX_CANONICAL_BYTES, MAX_DEPTH, refuse
+from ..control._identity import MAX_CANONICAL_BYTES, MAX_DEPTH
 from ..control._views import RunView
 from ..engine.waits._flow_waits import host_wake_json
 from ..observe._catalog import ANY, RunFilters, list_runs
@@ -26,6 +28,7 @@ from ..stores._database import Database
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "PARSE_DEPTH",
     "loads_json",
     "receipt_payload",
     "receipt_answer",
@@ -37,33 +40,18 @@ __all__ = [
 #: The largest request body the server reads: the identity boundary's 4 MiB of canonical JSON plus room for the
 #: JSON-RPC envelope and whitespace. A larger body is refused before it is read (``413``).
 MAX_BODY_BYTES = MAX_CANONICAL_BYTES + 64 * 1024
-
-
-def _no_constant(name: str) -> Any:
-    raise refuse("number", f"{name} has no JSON form; send a finite number, null or a string")
+#: The parser's nesting bound: the identity boundary's :data:`MAX_DEPTH` for values plus room for the JSON-RPC
+#: envelope (request, params) and then some, so a value one level too deep still reaches the identity boundary,
+#: whose ``depth`` refusal names where. Deeper still is refused by the parser, also typed ``depth``.
+PARSE_DEPTH = 2 * MAX_DEPTH
 
 
 def loads_json(text: str | bytes, what: str) -> Any:
-    """Parse JSON ``text`` (``what`` names it in refusals); ``InvalidInput`` for anything that is not JSON."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise refuse(
-                "well_formed_text", f"{what} is not UTF-8 text ({exc.reason}); send UTF-8 JSON"
-            ) from exc
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except RecursionError as exc:
-        raise refuse(
-            "depth",
-            f"{what} is nested deeper than the parser's stack; JSON input is bounded to {MAX_DEPTH} levels",
-            limit=MAX_DEPTH,
-        ) from exc
-    except json.JSONDecodeError as exc:
-        raise refuse(
-            "plain_data", f"{what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        ) from exc
+    """Parse caller JSON ``text`` (``what`` names it in refusals) with the one bounded decoder
+    (:func:`~smthrs_plugin._untrusted.decode_json`); ``InvalidInput`` for anything it refuses (not JSON, not UTF-8,
+    over :data:`MAX_BODY_BYTES`, duplicate member names, an integer of more than 100 digits, NaN/Infinity, nesting
+    deeper than :data:`PARSE_DEPTH`)."""
+    return decode_json(text, what, max_bytes=MAX_BODY_BYTES, max_depth=PARSE_DEPTH)
 
 
 def receipt_payload(control: Control, receipt: Any, *, operation: str, card: Any = None) -> dict[str, Any]:
@@ -112,7 +100,7 @@ _TELLS_HOST = frozenset({"approve", "deny", "cancel", "signal"})
 
 
 def plan_payload(control: Control, card: Any) -> dict[str, Any]:
-    """What ``smthrs plan --json`` prints: the card in the seed's wire form and its approval state."""
+    """What ``smthrs plan --json`` prints: the card in its wire form and its approval state."""
     state = control.plan_state(card.plan_id)
     return {
         "plan_id": card.plan_id,

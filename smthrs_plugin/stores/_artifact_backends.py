@@ -25,6 +25,10 @@ class NotARegularFile(OSError):
     """A path that should hold a document holds something else (a FIFO, a device, a directory)."""
 
 
+class OverLimit(OSError):
+    """A document whose size, known before reading it, is over the reader's limit."""
+
+
 class Backend:
     kind = "generic"
 
@@ -55,7 +59,9 @@ class Backend:
         return bytes(self.fs.cat_file(path))
 
     def read_bounded(self, path: str, limit: int) -> bytes:
-        """At most ``limit + 1`` bytes of ``path`` (one more than allowed tells the caller it is too large)."""
+        """At most ``limit + 1`` bytes of ``path`` (one more than allowed tells the caller it is too large); a
+        backend that knows the size first raises :class:`OverLimit` instead of reading."""
+        # A ranged read: an object of any size costs the reader at most limit + 1 bytes.
         return bytes(self.fs.cat_file(path, start=0, end=limit + 1))
 
     def open_read(self, path: str) -> IO[bytes]:
@@ -71,9 +77,9 @@ class Backend:
             return False
         return True
 
-    def find(self, prefix: str) -> list[str]:
+    def find(self, prefix: str, *, withdirs: bool = False) -> list[str]:
         try:
-            found = self.fs.find(prefix)
+            found = self.fs.find(prefix, withdirs=withdirs)
         except FileNotFoundError:
             return []
         return [str(p) for p in found]
@@ -144,8 +150,11 @@ class LocalBackend(Backend):
         # or flood the reader.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise NotARegularFile(path)
+            if st.st_size > limit:
+                raise OverLimit(path)  # refused by its size: a planted huge file costs no read at all
             with os.fdopen(os.dup(fd), "rb") as f:
                 return f.read(limit + 1)
         finally:

@@ -40,6 +40,7 @@ from ._artifact_backends import (
     LocalBackend,
     MemoryBackend,
     NotARegularFile,
+    OverLimit,
     ProgressFn,
     S3Backend,
     hash_stream,
@@ -497,7 +498,8 @@ class ArtifactStore:
 
     def put_entry(self, name: str, data: bytes) -> PutEntryOutcome:
         """Publish an entry unless one exists: ``Created`` (this writer won) or ``Existing`` (with the winning
-        bytes). Publish every blob the entry references first."""
+        bytes). Publish every blob the entry references first. What holds the name may be unreadable:
+        ``ArtifactError(too_large | not_a_file)`` as from :meth:`get_entry`."""
         path = self.entry_path(name)
         be = self._be()
         payload = bytes(data)
@@ -517,17 +519,21 @@ class ArtifactStore:
     def get_entry(self, name: str, *, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
         """The entry's bytes, or ``None`` when there is none. Read bounded: an entry over ``max_bytes`` is
         ``ArtifactError(too_large)`` and anything but a regular file ``ArtifactError(not_a_file)`` — whoever can
-        write the store can plant either, and neither may exhaust or hang the reader."""
+        write the store can plant either, and neither may exhaust or hang the reader (local disk refuses by the
+        file's size before reading it; a remote store reads at most ``max_bytes + 1`` bytes)."""
         path = self.entry_path(name)
         be = self._be()
         try:
             data = be.read_bounded(path, max_bytes)
         except FileNotFoundError:
             return None
+        except OverLimit as exc:
+            raise self._entry_too_large(name, max_bytes) from exc
         except NotARegularFile as exc:
             raise ArtifactError(
                 "not_a_file",
-                f"entry {name} in {self._url} is not a regular file; remove it (smthrs cache verify lists it)",
+                f"entry {name} in {self._url} is not a regular file; remove it (`smthrs cache verify"
+                " --with-shared` lists it)",
                 name=name,
             ) from exc
         except IsADirectoryError as exc:
@@ -537,22 +543,17 @@ class ArtifactStore:
         except Exception as exc:
             raise _unavailable(self._url, f"read entry {name}", exc) from exc
         if len(data) > max_bytes:
-            raise ArtifactError(
-                "too_large",
-                f"entry {name} in {self._url} is larger than {max_bytes} bytes, more than any honest entry; "
-                "remove it (smthrs cache verify lists it)",
-                name=name,
-                limit=max_bytes,
-            )
+            raise self._entry_too_large(name, max_bytes)
         return data
 
     def list_entries(self) -> list[str]:
-        """Every entry name, sorted."""
+        """Every entry name, sorted — a directory planted at an entry's name included, so that maintenance
+        (``smthrs cache verify``) lists what readers refuse there."""
         be = self._be()
         prefix = f"{be.root}/ac"
-        paths = self._call("list entries", lambda: be.find(prefix))
+        paths = self._call("list entries", lambda: be.find(prefix, withdirs=True))
         names = [p.rsplit("/", 1)[-1] for p in paths]
-        return sorted(n[: -len(".json")] for n in names if n.endswith(".json") and _NAME_RE.match(n[:-5]))
+        return sorted({n[: -len(".json")] for n in names if n.endswith(".json") and _NAME_RE.match(n[:-5])})
 
     def delete_entry(self, name: str) -> DeleteOutcome:
         path = self.entry_path(name)
@@ -580,6 +581,15 @@ class ArtifactStore:
         return n
 
     # -- helpers -----------------------------------------------------------------------------------------------
+
+    def _entry_too_large(self, name: str, max_bytes: int) -> ArtifactError:
+        return ArtifactError(
+            "too_large",
+            f"entry {name} in {self._url} is larger than {max_bytes} bytes, more than any honest entry; "
+            "remove it (`smthrs cache verify --with-shared` lists it)",
+            name=name,
+            limit=max_bytes,
+        )
 
     def _not_found(self, digest: str, exc: BaseException | None = None) -> ArtifactError:
         return ArtifactError(

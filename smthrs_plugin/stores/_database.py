@@ -35,6 +35,7 @@ prepared to retry transactions due to serialization failures"); Django's ``trans
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -105,7 +106,8 @@ def open_database(url: str, *, sqlite_synchronous: str | None = None) -> Databas
 
     ``sqlite:///path/to/state.db`` (the parent directory is created) or ``postgresql+psycopg://user@host/db``
     (``postgresql://`` and ``postgres://`` are accepted and mean psycopg 3). Raises :class:`StoreError` with code
-    ``unsupported_url``, ``unreachable``, ``read_only``, ``schema_too_new`` or ``store_failed`` (cause kept).
+    ``unsupported_url``, ``unreachable``, ``read_only``, ``disk_full``, ``locked``, ``not_a_database``,
+    ``corrupt``, ``schema_too_new`` or ``store_failed`` (cause kept; ``_dberrors.py`` names each fault).
 
     ``sqlite_synchronous`` (default: the ``SMTHRS_SQLITE_SYNCHRONOUS`` setting, else ``"full"``) is the SQLite
     ``PRAGMA synchronous`` of every connection to a SQLite file (ignored for PostgreSQL, whose durability is the
@@ -791,11 +793,23 @@ def _check_sqlite_path(db: Database, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        # Named by what happened (stores/_dberrors.py): a full disk and a read-only volume are passing faults.
+        code, fix = "unreachable", "check the path (SMTHRS_DB_URL / --db), or point SMTHRS_DB_URL elsewhere"
+        if exc.errno == errno.ENOSPC:
+            code, fix = "disk_full", "the disk is full: free space on that volume, then run the command again"
+        elif isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
+            code, fix = "read_only", "give this process write access there, or point SMTHRS_DB_URL elsewhere"
         raise StoreError(
-            "read_only" if isinstance(exc, PermissionError) else "unreachable",
-            f"cannot create the directory {path.parent} for the SQLite database: {exc}",
+            code,
+            f"cannot create the directory {path.parent} for the SQLite database ({exc.strerror}); {fix}",
             cause=exc,
         ) from exc
+    if path.is_dir():
+        raise StoreError(
+            "not_a_database",
+            f"{path} is a directory, not a SQLite database; point SMTHRS_DB_URL (or --db) at the state database "
+            "file (default <workspace>/.smthrs/state.db)",
+        )
     # WAL needs to create -wal/-shm files beside the database, so the directory must be writable too.
     if path.exists() and not os.access(path, os.W_OK):
         raise StoreError(

@@ -45,6 +45,7 @@ __all__ = [
     "journal_events",
     "attempts",
     "step_cache",
+    "cache_revocations",
     "RUN_STATUSES",
     "TERMINAL_STATUSES",
     "ATTEMPT_STATES",
@@ -200,4 +201,21 @@ step_cache = Table(
     Index(None, "run_id"),
     Index(None, "last_used_at_ms"),
     Index(None, "subject", "created_at_ms"),
+)
+
+#: Revocation markers of the shared tier this database's readers have seen (migration 0007): honoured after the
+#: marker is deleted from the bucket. Owned by ``records._revocation_rows``; first sighting wins per marker name.
+cache_revocations = Table(
+    "cache_revocations",
+    metadata,
+    Column("marker", Text, primary_key=True),
+    Column("key_digest", String(64), nullable=False),
+    Column("key", Text, nullable=False),
+    # min(the marker's revoked_at_ms, this reader's clock when it first saw the marker)
+    Column("revoked_at_ms", BigInteger, nullable=False),
+    Column("entries_json", Text, nullable=False),
+    Column("revoked_by", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("seen_at_ms", BigInteger, nullable=False),
 )

@@ -96,6 +96,7 @@ def test_forged_watch_and_related_cursors_are_range_checked_too(ws: Path) -> Non
 
 
 def test_a_forged_cursor_nested_past_the_parser_stack_is_invalid_cursor_not_a_traceback(ws: Path) -> None:
+    _db(ws)  # `runs` reads an existing database (it never creates one)
     payload = b"[" * 40_000 + b"]" * 40_000
     body = base64.urlsafe_b64encode(payload).decode("ascii").rstrip("=")
     code, out = smthrs(ws, "runs", "--cursor", f"smc1.{body}.{sha256_hex(payload)[:16]}")

@@ -4,7 +4,7 @@ command keeps exit codes of its own.
 
 The expected column is written independently of the implementation, as the README states it: 0 done (for a run:
 completed, nothing else), 1 failed/cancelled/quarantined, 2 refused, 3 denied, 75 not finished (parked, released,
-or held by another live owner)."""
+or held by another live owner; or stopped by a passing fault of the environment, whatever error carries it)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,14 @@ from smthrs_plugin.cli._exits import (
     exit_code,
     refusal_exit,
 )
-from smthrs_plugin.errors import ControlError, InvalidInput, SchedulerError
+from smthrs_plugin.errors import (
+    ArtifactError,
+    ControlError,
+    InvalidInput,
+    SchedulerError,
+    SmthrsError,
+    StoreError,
+)
 
 CLI = Path(_exits.__file__).resolve().parent
 
@@ -116,6 +123,28 @@ def test_refusals_exit_3_for_the_denial_family_and_2_for_everything_else() -> No
     assert refusal_exit(ControlError("invalid_cursor", "no")) == 2
     assert refusal_exit(InvalidInput("invalid_input", "no", bound="grant_scope")) == 2
     assert refusal_exit(SchedulerError("invalid_plan", "no")) == 2
+
+
+#: The passing faults of the environment, as the README states them: exit 75, never 1 or 2.
+PASSING = {("store", "unreachable"), ("store", "disk_full"), ("store", "locked"), ("store", "read_only"),
+           ("artifacts", "unavailable")}  # fmt: skip
+
+
+def _families(cls: type[SmthrsError]) -> list[type[SmthrsError]]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _families(sub))]
+
+
+def test_refusal_exit_is_total_over_every_code_and_75_exactly_for_a_passing_fault_behind_it() -> None:
+    for cls in _families(SmthrsError):
+        for code in sorted(cls.codes):
+            err = cls(code, "no")
+            expected = 75 if (cls.family, code) in PASSING else 3 if code in _exits._DENIED_CODES else 2
+            assert refusal_exit(err) == expected, (cls.__name__, code)
+            # Behind another error (a scheduler pass that failed on it, a launch that reports it): the same.
+            wrapped = SchedulerError("store_failed", "a durable write failed", cause=err)
+            assert refusal_exit(wrapped) == (75 if (cls.family, code) in PASSING else 2), (cls.__name__, code)
+    assert refusal_exit(StoreError("not_a_database", "no")) == 2  # the wrong store: no retry makes it right
+    assert refusal_exit(ArtifactError("corrupt", "no")) == 2
 
 
 def test_no_command_module_keeps_exit_codes_of_its_own() -> None:

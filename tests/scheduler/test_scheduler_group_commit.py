@@ -298,3 +298,30 @@ def test_a_pipelined_job_still_running_when_the_pass_parks_settles_its_attempt_a
     assert rows == {"slow": "completed", "quick": "completed"}, rows
     settled = {p["node_id"] for t, p in env.records(types=("attempt-finished",))}
     assert settled == {"slow", "quick"}
+
+
+def test_a_store_that_fails_under_the_approval_gate_stops_the_pass_and_never_fails_the_node(
+    tmp_path: Path,
+) -> None:
+    """The gate could not read the decision because the store failed (a passing fault): that is nobody's denial,
+    so the node is not settled failed; the pass stops with the fault and the same run can be resumed."""
+    from sched_support import make_env
+
+    env = make_env(tmp_path)
+    plan = sp.plan.compile_plan(
+        "gate-fault", "gc", [sp.plan.node("gated", body="gated", approval={"request": "ship"})]
+    )
+
+    def gate(node: Any) -> None:
+        raise StoreError("disk_full", "the disk holding the database is full; free space and retry")
+
+    with ThreadHost(2) as host:
+        try:
+            env.scheduler("r1", host=host, gate=gate).run(plan, lambda ni: {"node": ni.id})
+        except Exception as exc:  # noqa: BLE001 - the pass must stop with the fault itself
+            from smthrs_plugin.errors import passing_fault
+
+            assert passing_fault(exc) is not None, exc
+        else:
+            raise AssertionError("a passing fault under the gate settled the pass")
+    assert not env.records(types=("node-settled",)), "the gated node was settled"

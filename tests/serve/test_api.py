@@ -97,7 +97,7 @@ def test_every_mutation_is_refused_without_the_token_and_writes_nothing(
         token = server.token + "x"
     before = state()
     r = server.rpc(method, setup(method), token=token)
-    assert r.status_code == status
+    assert r.status_code == status, (r.text, server.stderr[-30:])  # the server's own log, should it answer 500
     assert r.json()["error"]["data"]["code"] == "unauthorized"
     assert status == 403 or r.headers["www-authenticate"].startswith("Bearer")
     assert server.token not in r.text

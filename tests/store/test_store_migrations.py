@@ -159,7 +159,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_a_typed_error(
     try:
         with pytest.raises(Exception) as err:
             db.write(lambda c: db.next_revision(c))
-        assert getattr(err.value, "code", None) == "store_failed" and "lock" in str(err.value)
+        assert getattr(err.value, "code", None) == "locked" and "lock" in str(err.value)
         assert isinstance(err.value.__cause__, (sqlite3.OperationalError, sa.exc.OperationalError))
     finally:
         holder.execute("ROLLBACK")
@@ -184,7 +184,7 @@ def test_opening_a_database_whose_write_lock_another_process_holds_is_a_typed_st
     try:
         with pytest.raises(StoreError) as caught:
             open_database(url)
-        assert caught.value.code == "store_failed" and "write lock" in caught.value.message
+        assert caught.value.code == "locked" and "write lock" in caught.value.message
     finally:
         holder.execute("ROLLBACK")
         holder.close()

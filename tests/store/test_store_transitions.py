@@ -32,7 +32,7 @@ def _steal_from_a(
     b = ownership(db, journal, clock, settings, "b")
     runs.create("r", "flow")
     assert isinstance(a.claim("r"), Activated)
-    clock.advance(settings.stale_after_s)
+    clock.advance(settings.stale_after_s + 0.001)  # past the stale window: a's lease expired
     assert isinstance(b.claim("r"), Activated)
     return a, b
 
@@ -84,7 +84,7 @@ def test_journaled_facts_equal_a_read_after_the_change(
     check("release")
     b.claim("r")
     check("claim after release")
-    clock.advance(settings.stale_after_s)
+    clock.advance(settings.stale_after_s + 0.001)  # past the stale window: b's lease expired
     a.claim("r")
     check("steal")
     runs.finish("r", a.owner, "completed")
@@ -152,7 +152,7 @@ def test_a_foreign_fresh_claim_blocks_the_reservation_until_it_is_stale(
     b._reserve_write("r")  # b crashed between its claim and its activation
     lost = a.claim("r")
     assert type(lost).__name__ == "ClaimLost" and lost.claimant == b.owner  # type: ignore[union-attr]
-    clock.advance(settings.stale_after_s)
+    clock.advance(settings.stale_after_s + 0.001)  # past the stale window: b's claim expired
     assert isinstance(a.claim("r"), Activated)
     assert isinstance(b.claim("r"), HeartbeatFresh)
 

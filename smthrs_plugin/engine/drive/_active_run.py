@@ -10,12 +10,15 @@ Invariants:
   publication). A lost fence or a heartbeat failing past its deadline interrupts it too.
 - :meth:`ActiveRun.conclude` maps what the code did to exactly one durable transition, after stopping the
   heartbeat: a value / :class:`FlowCompleted` → ``completed``; an ``Exception`` / :class:`FlowFailed` →
-  ``failed``; :class:`~.context.RunParked` / :class:`FlowParked` → park (``timer`` with the earliest pending
-  deadline, else ``event``); :class:`~.context.RunCancelled` → ``cancelled``; :class:`~.context.RunReleased` or any
-  other ``BaseException`` (shutdown, ``KeyboardInterrupt``) → release (``suspended``/``released`` with its cause:
-  never a cancellation); ``FenceLost`` → nothing (another owner holds the run). Terminal transitions close the
-  run's pending clocks in the same transaction, and ``RunStore.finish`` turns a completion racing a cancellation
-  request into ``cancelled``.
+  ``failed`` — except a *passing fault of the environment* (``errors.passing_fault``: the store unreachable, a
+  full disk, a lock held too long, a read-only store, the artifact store gone), which is no failure of the run:
+  it releases the run (cause ``fault:<family>/<code>``, e.g. ``fault:store/disk_full``), so the same request
+  drives it again once the fault is gone; :class:`~.context.RunParked` / :class:`FlowParked` → park (``timer``
+  with the earliest pending deadline, else ``event``); :class:`~.context.RunCancelled` → ``cancelled``;
+  :class:`~.context.RunReleased` or any other ``BaseException`` (shutdown, ``KeyboardInterrupt``) → release
+  (``suspended``/``released`` with its cause: never a cancellation); ``FenceLost`` → nothing (another owner holds
+  the run). Terminal transitions close the run's pending clocks in the same transaction, and ``RunStore.finish``
+  turns a completion racing a cancellation request into ``cancelled``.
 - The outcome is a small frozen union (:data:`DriveOutcome`), never a boolean.
 
 Prior art: the reference ``RunDriver`` (seed 004: "Cancellation is observed, not just recorded").
@@ -31,7 +34,7 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Connection
 
-from ...errors import FenceLost, SmthrsError, StoreError
+from ...errors import FenceLost, SmthrsError, StoreError, passing_fault
 from ...records._journal import JournalEvent
 from ...records._runs import Cancelled, RunStore, Settled
 from ...records._wait_rows import Wait
@@ -55,6 +58,7 @@ __all__ = [
     "DriveUnregistered",
     "DriveOutcome",
     "error_json",
+    "fault_cause",
 ]
 
 log = logging.getLogger(__name__)
@@ -133,6 +137,11 @@ class DriveUnregistered:
 
 
 DriveOutcome = DriveSettled | DriveParked | DriveReleased | DriveLost | DriveNotClaimed | DriveUnregistered
+
+
+def fault_cause(fault: SmthrsError) -> str:
+    """The release cause recorded for a run a passing fault stopped (``fault:store/disk_full``)."""
+    return f"fault:{fault.family}/{fault.code}"
 
 
 def error_json(exc: BaseException) -> dict[str, Any]:
@@ -242,6 +251,11 @@ class ActiveRun:
             return self.release(error.cause)
         if reason == "heartbeat_failing":
             return self.release("lease-lapsed")
+        fault = passing_fault(error)
+        if fault is not None:
+            # Never a settled failure: that would burn the request's idempotency key on a passing fault. If the
+            # store still fails, this release raises too and the run's lease lapses instead (taken over then).
+            return self.release(fault_cause(fault))
         if isinstance(error, Exception):
             return self.settle("failed", error=error_json(error))
         if error is not None:
