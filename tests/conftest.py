@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -189,3 +189,20 @@ def volume(tmp_path: Path) -> Iterator[Path]:
         yield vol
     finally:
         subprocess.run(["umount", str(vol)], check=True)
+
+
+def _fill(path: Path) -> None:
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass  # full: the point of the exercise
+    os.sync()
+
+
+@pytest.fixture
+def fill_volume() -> Callable[[Path], None]:
+    """``fill_volume(path)``: write zeros to ``path`` until its volume refuses (ENOSPC)."""
+    return _fill

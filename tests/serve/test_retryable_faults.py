@@ -9,20 +9,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _fill(path: Path) -> None:
-    """Write zeros to ``path`` until the volume refuses (ENOSPC)."""
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
-        try:
-            while True:
-                f.write(chunk)
-        except OSError:
-            pass  # full: the point of the exercise
-    os.sync()
-
-
 def test_a_full_disk_under_a_call_is_503_retryable_and_the_same_call_succeeds_once_freed(
-    volume: Path, start: Callable[..., Any], plan_text: str
+    volume: Path, start: Callable[..., Any], plan_text: str, fill_volume: Callable[[Path], None]
 ) -> None:
     ws = volume / "ws"  # the workspace and its database on the small volume
     ws.mkdir()
@@ -31,7 +19,7 @@ def test_a_full_disk_under_a_call_is_503_retryable_and_the_same_call_succeeds_on
     env = {k: v for k, v in os.environ.items() if k not in ("SMTHRS_SERVE_TOKEN", "SMTHRS_DB_URL")}
     server = start(env={**env, "SMTHRS_WORKSPACE": str(ws)})
     filler = volume / "filler"
-    _fill(filler)
+    fill_volume(filler)
     full = server.rpc("plan", {"path": str(plan)})
     assert full.status_code == 503, full.text
     assert full.headers["retry-after"] == "5"

@@ -11,10 +11,10 @@ and ``--json`` form carry none of the statement that failed. The passing ones (`
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,18 +40,6 @@ def _assert_named(err: StoreError, code: str, *fix: str, driver: bool = True) ->
     if driver:
         assert err.cause is not None and err.__cause__ is not None  # the driver's exception is kept
     assert (passing_fault(err) is err) == (code in {"disk_full", "locked", "read_only", "unreachable"})
-
-
-def _fill(path: Path) -> None:
-    """Write zeros to ``path`` until the volume refuses (ENOSPC)."""
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
-        try:
-            while True:
-                f.write(chunk)
-        except OSError:
-            pass  # full: the point of the exercise
-    os.sync()
 
 
 def _grow(db: Database) -> None:
@@ -97,10 +85,12 @@ def test_a_malformed_database_is_named_corrupt_with_the_fix_and_no_sql(tmp_path:
     _assert_named(caught.value, "corrupt", "damaged", "smthrs recover restore")
 
 
-def test_a_full_disk_is_named_disk_full_with_the_fix_and_no_sql(volume: Path) -> None:
+def test_a_full_disk_is_named_disk_full_with_the_fix_and_no_sql(
+    volume: Path, fill_volume: Callable[[Path], None]
+) -> None:
     db = open_database(f"sqlite:///{volume / 'state.db'}")
     try:
-        _fill(volume / "filler")
+        fill_volume(volume / "filler")
         with pytest.raises(StoreError) as caught:
             _grow(db)
         _assert_named(caught.value, "disk_full", "disk", "full", "free space")
