@@ -60,9 +60,7 @@ def decode_json(
         try:
             raw = data.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise _refuse(
-                "well_formed_text", what, f"holds a lone surrogate ({exc.reason}); send UTF-8 text"
-            ) from exc
+            raise _lone_surrogate(what) from exc
     else:
         raw = bytes(data)
     if len(raw) > max_bytes:
@@ -70,13 +68,13 @@ def decode_json(
     # Parsed, a container or a string costs ~60 bytes however short its text ("[]," is 3): counting their
     # opening characters (C-speed, conservative inside strings) bounds what parsing may allocate to a small
     # multiple of the text.
-    items = raw.count(b"[") + raw.count(b"{") + raw.count(b'"') // 2
-    if items > max(1024, max_bytes // 8):
+    items, most = raw.count(b"[") + raw.count(b"{") + raw.count(b'"') // 2, max(1024, max_bytes // 8)
+    if items > most:
         raise _refuse(
             "values",
             what,
             f"holds about {items} containers and strings, more than a {max_bytes}-byte document may; send fewer",
-            limit=max(1024, max_bytes // 8),
+            limit=most,
         )
     try:
         text = raw.decode("utf-8")
@@ -165,9 +163,14 @@ def _check_text(s: str, what: str) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise _refuse(
-            "well_formed_text", what, "holds a \\u escape that leaves a lone surrogate; send UTF-8 text"
-        ) from exc
+        raise _lone_surrogate(what) from exc
+
+
+def _lone_surrogate(what: str) -> InvalidInput:
+    # Text holding a lone surrogate (given as such, or through a \u escape) has no UTF-8 form to write back.
+    return _refuse(
+        "well_formed_text", what, "holds a lone surrogate, which UTF-8 cannot encode; send UTF-8 text"
+    )
 
 
 def _too_large(what: str, size: int, limit: int) -> InvalidInput:

@@ -57,7 +57,7 @@ from ..canonical import canonical_bytes, is_key, key_digest, sha256_hex
 from ..errors import ArtifactError, InvalidInput
 from ..records import _revocation_rows as revocation_rows
 from ..records._revocation_rows import RememberedRevocation, SeenRevocation
-from ..stores._artifacts import ArtifactStore, Created
+from ..stores._artifacts import UNREADABLE_ENTRY, ArtifactStore, Created
 from ..stores._database import Database
 from ._entry import CacheEntry, entry_id
 
@@ -79,8 +79,6 @@ DEFAULT_REFRESH_MS = 60_000
 MAX_MARKER_BYTES = 1024 * 1024
 _FOREVER = 2**62
 _ENTRY_ID = re.compile(r"[0-9a-f]{64}")
-# ArtifactError codes that say something about the marker itself (not about reaching the store).
-_MARKER_DEFECTS = frozenset({"too_large", "not_a_file"})
 
 
 def revocation_store(shared: ArtifactStore) -> ArtifactStore:
@@ -240,7 +238,7 @@ class Revocations:
         try:
             data = self.store.get_entry(name, max_bytes=MAX_MARKER_BYTES)
         except ArtifactError as exc:
-            if exc.code not in _MARKER_DEFECTS:
+            if exc.code not in UNREADABLE_ENTRY:
                 raise
             marker = _problem(name, str(exc))
         else:

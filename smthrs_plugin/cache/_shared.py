@@ -57,7 +57,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._untrusted import decode_json
 from ..canonical import key_digest, sha256_hex
 from ..errors import ArtifactError, CacheError, InvalidInput
-from ..stores._artifacts import MAX_ENTRY_BYTES, ArtifactStore, Created
+from ..stores._artifacts import MAX_ENTRY_BYTES, UNREADABLE_ENTRY, ArtifactStore, Created
 from ..stores._database import Database
 from ._entry import CacheEntry, Decoded, Undecodable, canonical_entry_bytes, decode_entry, entry_digests
 from ._revocation import DEFAULT_REFRESH_MS, Revocations, revocation_store
@@ -96,8 +96,6 @@ RefusalReason = Literal[
     "missing_blob",
     "corrupt_blob",
 ]
-#: ``ArtifactError`` codes of a document the store refused to read: a fact about the document, not an outage.
-_UNREADABLE = frozenset({"too_large", "not_a_file"})
 
 
 def entry_name(key_digest_hex: str, key_id: str) -> str:
@@ -223,7 +221,7 @@ def _fetch(store: ArtifactStore, name: str) -> bytes | Refusal | None:
     try:
         return store.get_entry(name)
     except ArtifactError as exc:
-        if exc.code not in _UNREADABLE:
+        if exc.code not in UNREADABLE_ENTRY:
             raise
         reason: RefusalReason = "too_large" if exc.code == "too_large" else "not_a_file"
         return Refusal(name, _split_name(name)[1], reason, exc.message)
@@ -415,7 +413,7 @@ class SharedTier:
                 try:
                     outcome = self.store.put_entry(name, data)
                 except ArtifactError as exc:
-                    if exc.code not in _UNREADABLE:
+                    if exc.code not in UNREADABLE_ENTRY:
                         raise
                     why = f"{exc.code}: {exc.message}"  # no reader reads it: not servable
                 else:

@@ -103,7 +103,7 @@ def existing_db_url(db: str | None, command: str, workspace: Path | None = None)
     """:func:`db_url`, refused (``StoreError(not_found)``, exit 2) when it is a SQLite file that does not exist:
     ``smthrs <command>`` reads or repairs a database and must not create an empty one in its place. Nothing is
     created or opened here."""
-    from ..stores._database import normalize_url
+    from ..stores import normalize_url
 
     url = db_url(db, workspace)
     normalized, dialect = normalize_url(url)

@@ -277,6 +277,16 @@ def material_body(draft: NodeDraft) -> dict[str, Any]:
     return body
 
 
+def _digest_input(digest: str, inp: Ref | Pending) -> dict[str, Any]:
+    """A Ref/Pending input as key material: the digest it resolved to, tagged with the kind of reference (and the
+    projection's path), so ``Pending(x)`` and ``Ref(x)`` resolving to one digest never collide."""
+    if isinstance(inp, Pending):
+        return {"kind": "digest", "digest": digest, "reference": "pending"}
+    if inp.path:
+        return {"kind": "digest", "digest": digest, "reference": "ref-projected", "path": list(inp.path)}
+    return {"kind": "digest", "digest": digest, "reference": "ref"}
+
+
 def _content(draft: NodeDraft, inputs: dict[str, Any]) -> dict[str, Any]:
     m: KeyMaterial = draft.material
     return {
@@ -327,17 +337,7 @@ def _plan_key_reference(draft: NodeDraft, upstream: Mapping[str, str]) -> str:
                 node=draft.id,
                 dependency=inp.from_,
             ) from None
-        if isinstance(inp, Pending):
-            inputs[str(i)] = {"kind": "digest", "digest": up, "reference": "pending"}
-        elif inp.path:
-            inputs[str(i)] = {
-                "kind": "digest",
-                "digest": up,
-                "reference": "ref-projected",
-                "path": list(inp.path),
-            }
-        else:
-            inputs[str(i)] = {"kind": "digest", "digest": up, "reference": "ref"}
+        inputs[str(i)] = _digest_input(up, inp)
     try:
         return key(_content(draft, inputs))
     except CanonicalError as exc:
@@ -442,7 +442,7 @@ def dispatch_key(
         if isinstance(inp, Value):
             inputs[str(i)] = {"kind": "literal", "value": inp.value}
         elif isinstance(inp, Pending):
-            inputs[str(i)] = {"kind": "digest", "digest": ORDERING_ONLY, "reference": "pending"}
+            inputs[str(i)] = _digest_input(ORDERING_ONLY, inp)
         else:
             if i not in ref_values:
                 raise _uncomputable(
@@ -457,15 +457,7 @@ def dispatch_key(
                     raise _uncomputable(draft, f"Ref input #{i} value: {exc.message}", exc) from exc
                 if memo is not None:
                     memo[mk] = digest
-            if inp.path:
-                inputs[str(i)] = {
-                    "kind": "digest",
-                    "digest": digest,
-                    "reference": "ref-projected",
-                    "path": list(inp.path),
-                }
-            else:
-                inputs[str(i)] = {"kind": "digest", "digest": digest, "reference": "ref"}
+            inputs[str(i)] = _digest_input(digest, inp)
     try:
         w = draft.effects.writes if writes is None else flatten(writes)
         r = draft.effects.removes if removes is None else flatten(removes)

@@ -14,6 +14,6 @@ from . import (
     _wait_tables,  # noqa: F401  (registers its tables on schema.metadata)
 )
 from ._artifacts import ArtifactStore  # noqa: E402  (after the table registrations above)
-from ._database import Database, open_database  # noqa: E402
+from ._database import Database, normalize_url, open_database  # noqa: E402
 
-__all__ = ["ArtifactStore", "Database", "open_database"]
+__all__ = ["ArtifactStore", "Database", "normalize_url", "open_database"]

@@ -51,6 +51,7 @@ from ._artifact_backends import (
 __all__ = [
     "ArtifactStore",
     "MAX_ENTRY_BYTES",
+    "UNREADABLE_ENTRY",
     "ProgressFn",
     "Created",
     "Existing",
@@ -67,6 +68,9 @@ __all__ = [
 #: The largest entry document a reader accepts: room for the largest honest entry (8 MiB of inline outputs,
 #: base64-encoded, plus the value and provenance); the publisher refuses to publish a larger one.
 MAX_ENTRY_BYTES = 32 * 1024 * 1024
+#: The ``ArtifactError`` codes of :meth:`ArtifactStore.get_entry` that say something about the document at the name
+#: (too large, not a regular file), not about reaching the store: a reader treats such a document as refused.
+UNREADABLE_ENTRY = frozenset({"too_large", "not_a_file"})
 
 
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}\Z")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _trees import snapshot as tree_snapshot
 
 from smthrs_plugin.boundary._transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
 from smthrs_plugin.errors import RemoteError
@@ -40,18 +40,7 @@ def tree(tmp_path: Path) -> Path:
 
 def snapshot(root: Path) -> dict[str, tuple[Any, ...]]:
     """Everything observable under ``root`` and the root itself (links not followed)."""
-    out: dict[str, tuple[Any, ...]] = {".": ("dir" if root.is_dir() and not root.is_symlink() else "gone",)}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                out[p] = ("link", os.readlink(p))
-            elif stat.S_ISDIR(st.st_mode):
-                out[p] = ("dir", stat.S_IMODE(st.st_mode))
-            else:
-                out[p] = ("file", Path(p).read_bytes(), stat.S_IMODE(st.st_mode))
-    return out
+    return {".": ("dir" if root.is_dir() and not root.is_symlink() else "gone",), **tree_snapshot(root)}
 
 
 def _payload(store: ArtifactStore) -> Entry:

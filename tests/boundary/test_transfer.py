@@ -14,9 +14,9 @@ import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _trees import snapshot
 
 from smthrs_plugin.boundary._transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
 from smthrs_plugin.errors import ArtifactError, RemoteError
@@ -75,23 +75,6 @@ def src(tmp_path: Path, outside: Path) -> Path:
     os.symlink("does/not/exist", root / "dangling")
     os.symlink(str(outside), root / "out-link")
     return root
-
-
-def snapshot(*roots: Path) -> dict[str, tuple[Any, ...]]:
-    """Everything observable under ``roots`` (links not followed): kind, bytes or target, permission bits."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in dirnames + filenames:
-                p = os.path.join(dirpath, name)
-                st = os.lstat(p)
-                if stat.S_ISLNK(st.st_mode):
-                    out[p] = ("link", os.readlink(p))
-                elif stat.S_ISDIR(st.st_mode):
-                    out[p] = ("dir", stat.S_IMODE(st.st_mode))
-                else:
-                    out[p] = ("file", Path(p).read_bytes(), stat.S_IMODE(st.st_mode))
-    return out
 
 
 def damage(store: ArtifactStore, digest: str, how: str) -> None:
