@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".smthrs"
-# Quiet, local Prefect before Prefect is imported (PREFECT.md): our own PREFECT_HOME, no analytics, warnings only,
+# Quiet, local Prefect before Prefect is imported: our own PREFECT_HOME, no analytics, warnings only,
 # and an in-memory database for the ephemeral server (a file-backed one stalls under many task runs).
 for _k, _v in {
     "PREFECT_HOME": str(STATE / "prefect-home"),

@@ -7,7 +7,7 @@
 Invariants
 - **Prefect is imported only here, only inside a function, and only when a block is named.** ``import
   smthrs_plugin``, ``smthrs --help`` and every configuration without a block never import Prefect (it costs
-  seconds and may start an ephemeral API server). This module sits on the bottom floor (DESIGN.md §2) so that
+  seconds and may start an ephemeral API server). This module sits on the bottom floor so that
   ``settings`` and ``cache.signing`` can call it without going through the plugin manager.
 - **A block that cannot be used is a typed refusal, never a fallback.** Every failure — a malformed name, no such
   block, a block type that is not installed, the wrong type, a stored block that no longer validates, incomplete

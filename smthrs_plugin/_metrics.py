@@ -2,7 +2,7 @@
 
 Why this lives on floor 0 and not in ``observe/``: the code that *decides* outcomes — the run driver (engine), the
 dispatch seam and the sandbox (cache, boundary), the plan scheduler — sits below ``observe`` and may not import
-it (DESIGN.md §2). Those layers take a :class:`MetricsPort` collaborator in their constructor and default it to
+it. Those layers take a :class:`MetricsPort` collaborator in their constructor and default it to
 :data:`NULL_METRICS`, so they can always call ``metrics.cache_decision("Miss")`` without a check. The
 OpenTelemetry-backed implementation (``smthrs_plugin.observe._metrics.Metrics``) is injected by the composition
 root. Prior art: the seed's ``EngineStoreMetrics`` (``@smthrs/engine-store``, guide "observe-engine-metrics").

@@ -5,7 +5,7 @@ family's set is a programming error and raises ``ValueError`` at once, so a code
 Every message says what happened *and what to do next*. Storage failures keep their original cause in
 ``__cause__`` (raise ... from exc) and in ``.cause``.
 
-A node's own failure is an outcome (``failed``), never one of these exceptions (DESIGN.md §6).
+A node's own failure is an outcome (``failed``), never one of these exceptions.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class SettingsError(SmthrsError, ValueError):
 
 
 class PlanError(SmthrsError, ValueError):
-    """A plan or node declaration is refused before anything is written (SEMANTICS.md §2)."""
+    """A plan or node declaration is refused before anything is written."""
 
     family = "plan"
     codes = _codes(

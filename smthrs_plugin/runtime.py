@@ -1,5 +1,5 @@
 """The composition root: ``open_runtime(...)`` wires the stores, the journal, the owner, the cache dispatch seam
-and plan schedulers from settings (DESIGN.md §2, "runtime").
+and plan schedulers from settings.
 
 Invariants
 - The one wiring point: nothing else in the package constructs a run driver (:meth:`Runtime.run_driver`,

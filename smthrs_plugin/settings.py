@@ -1,7 +1,7 @@
 """``SMTHRS_*`` settings (pydantic-settings). Explicit arguments to ``open_runtime``/``@step``/the CLI win.
 
 Defaults are the embedded ones: SQLite at ``<workspace>/.smthrs/state.db`` and local artifacts under
-``<workspace>/.smthrs/artifacts``. Ownership timings (SEMANTICS.md §5) are settings so that tests can shorten the
+``<workspace>/.smthrs/artifacts``. Ownership timings are settings so that tests can shorten the
 stale window instead of sleeping 30 s.
 
 The artifact store is named by a URL (``SMTHRS_ARTIFACTS_URL``/``artifacts=``) or by a saved Prefect block
@@ -112,7 +112,7 @@ class Settings(CacheSettings):
     #: from (module docstring: precedence); loaded only by :meth:`artifacts_location`.
     artifacts_block: str | None = None
     host_id: str = Field(default_factory=socket.gethostname)
-    #: SEMANTICS.md §5 constants; only tests should shorten them.
+    #: The ownership constants (README "Durable store, ownership and recovery"); only tests should shorten them.
     heartbeat_interval_s: float = 1.0
     stale_after_s: float = 30.0
     skew_allowance_s: float = 10.0

@@ -33,7 +33,7 @@ os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = None  # forget the cached default so this process uses it too
 atexit.register(shutil.rmtree, _SESSION_TMP, True)
 
-# Prefect must never write to ~/.prefect, nor chatter on stderr (PREFECT.md). Under pytest-xdist every worker is a
+# Prefect must never write to ~/.prefect, nor chatter on stderr. Under pytest-xdist every worker is a
 # session of its own (its own Prefect server, moto server and temporary tree): it gets its own client home too, so
 # two workers never write one profile or memo file at once.
 if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
@@ -44,7 +44,7 @@ for _k, _v in {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
     "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
-    # A first ephemeral-server start on a busy 2-core machine takes longer than Prefect's 20 s (PREFECT.md); the
+    # A first ephemeral-server start on a busy 2-core machine takes longer than Prefect's 20 s; the
     # library's own default (hosts/_prefect_env.py), set here too for subprocesses that import Prefect directly.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "AWS_ACCESS_KEY_ID": "testing",

@@ -1,6 +1,6 @@
 """Cache admission: the seven conjuncts a settled result must meet before ANY other run may be served it.
 
-SEMANTICS.md §4 and seed step-boundaries ("why only whole-tree evidence may enter the shared cache"). All seven,
+the step-boundary rules ("why only whole-tree evidence may enter the shared cache"). All seven,
 in this order (the first that fails is the reason reported):
 
 1. ``tier_sealed`` — the node is sealed. Compensable and irreversible work is keyed run-locally and never shared.

@@ -2,7 +2,7 @@
 
 ``CacheDispatcher.dispatch(request, execute)``: consult the local tier, then the shared tier → an admissible entry
 → re-measure its read set → replay its outputs → the stored value (outcome ``clean``); or run ``execute`` in the
-workspace sandbox → settle → admit → publish (outcome ``built``). DESIGN.md §3, SEMANTICS.md §4.
+workspace sandbox → settle → admit → publish (outcome ``built``).
 
 Invariants
 - **One decision per consult.** A sealed dispatch counts exactly one ``CacheDecision`` once it is final (after
@@ -175,7 +175,7 @@ class CacheDispatcher:
 
     ``artifacts``: the local artifact store (spilled outputs of this workspace's settles, blobs of local rows).
     ``shared``: the shared tier's store (``ac/`` entries + blobs); None → the same store as ``artifacts`` (one
-    URL for everything, DESIGN.md's default). ``journal``: where ``cache-provenance`` records go (None → a
+    URL for everything, the default). ``journal``: where ``cache-provenance`` records go (None → a
     :class:`Journal` on ``db``). ``measurer``: the workspace's long-lived measurer (one per workspace: its stat
     cache is what makes hits cheap). ``sandbox_mode``: ``"hermetic"`` honours each request's ``sandbox``;
     ``"whole-tree"`` runs every body over a full copy (never admissible: undeclared reads are possible).

@@ -8,7 +8,7 @@ Invariants
   Run-local rows exist so their spilled blobs stay referenced (``gc``) while their run's attempt rows may replay
   them, and so ``explain`` can compare against them; the seam never serves them.
 - Writes happen in the caller's transaction (``*_in(conn, ...)``): the dispatch seam records the row in the SAME
-  transaction as the caller's attempt row and journal record (SEMANTICS.md §4 publication order). A shared row is
+  transaction as the caller's attempt row and journal record. A shared row is
   first-writer-wins: an existing valid row is never overwritten — a different result is reported to the caller
   (:class:`DifferentResult`, the strict/nondeterministic decision is the seam's). An invalidated or undecodable
   row is replaced: it is no longer anybody's result.

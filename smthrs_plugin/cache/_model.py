@@ -1,6 +1,6 @@
 """The cache dispatch seam's value types: what a caller hands in, what comes back.
 
-This is the *one* seam every plan node and every ``@step`` call goes through (DESIGN.md §3): lookup → verify →
+This is the *one* seam every plan node and every ``@step`` call goes through: lookup → verify →
 replay, or execute in the sandbox → settle → publish. The scheduler and the Prefect host only build a
 :class:`DispatchRequest` and read a :class:`DispatchResult`; they never touch cache rows, blobs or evidence flags.
 
@@ -86,7 +86,7 @@ class ReplayFailed:
 CacheDecision = Union[VerifiedHit, Miss, UnverifiableEvidence, Unmeasurable, StaleReadSet, ReplayFailed]
 
 #: Called inside the write transaction that records a settled dispatch, so the caller's attempt row and journal
-#: record commit together with the local cache row (SEMANTICS.md §4 publication order).
+#: record commit together with the local cache row.
 SettleHook = Callable[["Connection", "DispatchResult"], None]
 
 

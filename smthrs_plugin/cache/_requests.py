@@ -5,7 +5,7 @@ every plan node it prepares, ``@step`` (``hosts/step.py``) for every call, throu
 caller has no pinned observations and measures the declared reads now.
 
 Invariants
-- **The tier picks the key kind, here and nowhere else** (SEMANTICS.md §1). A sealed node is keyed by content
+- **The tier picks the key kind, here and nowhere else**. A sealed node is keyed by content
   (``plan.keys.dispatch_key``: body, input values, measured read digests, declared effects, environment); a
   compensable or irreversible node — and a timer node (``wait:``) whatever its tier, because a content key would
   serve one run's elapsed clock to every later run — by the run-local ordinal key (``plan.keys.run_local_key``).

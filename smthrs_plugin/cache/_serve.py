@@ -1,7 +1,7 @@
 """Serving one stored entry: confine → re-admit → re-measure the read set → replay (hydrate a missing blob,
 retry once).
 
-Invariants (SEMANTICS.md §4, seed step-boundaries "Replay refusals a caller can act on")
+Invariants (seed step-boundaries "Replay refusals a caller can act on")
 - **A hit touches only what the current request declares.** Whoever can write a cache tier (the shared
   ``s3://`` root, the local database) must not be able to write or delete anything else in the workspace, so
   an entry is confined to the REQUESTING declaration before anything else is checked (:func:`check_confined`):

@@ -22,7 +22,7 @@ class KeyLocks:
     """One lock per key digest, created on demand and dropped when nobody holds or waits for it.
 
     Process-wide on purpose: two dispatchers over the same database in one process must serialise the same key
-    too, or both would miss and execute (the per-key consult serialisation of SEMANTICS.md §4)."""
+    too, or both would miss and execute (the per-key consult serialisation)."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()

@@ -1,7 +1,7 @@
 """``smthrs`` — the command line (typer).
 
 Invariant: every command is one function that parses its options, calls one library entry point, and prints
-either a human line or ONE JSON object (``--json``). Exit codes are in :mod:`._common` (DESIGN.md §8). Each command
+either a human line or ONE JSON object (``--json``). Exit codes are in :mod:`._common`. Each command
 group lives in its own module exposing ``register(app)``; this package only assembles them, so a new group never
 means branching inside an existing command. Heavy imports stay inside the command functions: ``smthrs --help``
 must not pay for Prefect or SQLAlchemy.

@@ -1,4 +1,4 @@
-"""``smthrs plan | approve | deny | resume | cancel`` — the control plane from the command line (DESIGN.md §8).
+"""``smthrs plan | approve | deny | resume | cancel`` — the control plane from the command line.
 
 ::
 
@@ -92,9 +92,7 @@ def register(app: typer.Typer) -> None:
 
 
 def plan_command(
-    plan_file: Annotated[
-        Path, typer.Argument(help="The plan file (YAML, DESIGN.md §8).", show_default=False)
-    ],
+    plan_file: Annotated[Path, typer.Argument(help="The plan file (YAML).", show_default=False)],
     inputs: InputOpt = None,
     as_: AsOpt = None,
     workspace: WorkspaceOpt = None,

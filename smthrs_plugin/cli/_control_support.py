@@ -284,7 +284,7 @@ def answer(
 
     from smthrs_plugin.serve._wire import receipt_answer
 
-    # DESIGN.md §8 names the receipt's kind ``type``; the seed's wire form (``_receipts.py``) names it ``_tag``.
+    # Our JSON names the receipt's kind ``type``; the reference's wire form (``_receipts.py``) names it ``_tag``.
     # One stable shape per command (README "JSON output"): every key is present, null when it does not apply; the
     # same object `smthrs serve` answers for the verb.
     payload, view = receipt_answer(control, receipt, operation=operation, card=card)

@@ -1,4 +1,4 @@
-"""The ONE exit-code table of the ``smthrs`` commands (DESIGN.md §8): CI pipelines branch on these codes,
+"""The ONE exit-code table of the ``smthrs`` commands: CI pipelines branch on these codes,
 so every command asks :func:`exit_code` (or :func:`refusal_exit` for a typed refusal) and none keeps its own.
 
 Invariant: **exit 0 means exactly "done"** — for ``run``/``resume``/``worker --run``: the run COMPLETED; for
@@ -76,7 +76,7 @@ STATUSES: tuple[str | None, ...] = (
     "cancelled",
     None,
 )
-#: Waiting reasons of a suspended run (SEMANTICS.md §5, plus the control plane's ``waiting-approval``).
+#: Waiting reasons of a suspended run (plus the control plane's ``waiting-approval``).
 WAITING_REASONS: tuple[str | None, ...] = (
     None,
     "waiting-approval",

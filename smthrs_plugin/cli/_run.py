@@ -2,7 +2,7 @@
 host, or (``--prefect``) inside a Prefect flow run, one task run per node dispatch (``hosts.prefect``).
 
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
-result: a line per node, or ONE JSON object with ``--json`` (DESIGN.md §8: ``run_id``, ``plan_id``, ``digest``,
+result: a line per node, or ONE JSON object with ``--json`` (``run_id``, ``plan_id``, ``digest``,
 ``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/_exits.py``): 0 the
 run completed (every node built or clean), 1 a node failed (its body raised, its command exited non-zero; or it
 was skipped) or the run was cancelled, 2 a refused input (any typed ``SmthrsError``: a malformed plan file names
@@ -94,9 +94,7 @@ def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
 
 
 def run_plan_file(
-    plan_file: Annotated[
-        Path, typer.Argument(help="The plan file (YAML, DESIGN.md §8).", show_default=False)
-    ],
+    plan_file: Annotated[Path, typer.Argument(help="The plan file (YAML).", show_default=False)],
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: <plan>-<random>).")] = None,
     steps: Annotated[
         int | None, typer.Option("--steps", help="Cap on nodes in flight (default unbounded).")

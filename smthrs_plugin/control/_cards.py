@@ -2,7 +2,7 @@
 
 Invariants
 - ``PlanCard.digest`` is plain hex SHA-256 of canonical ``{flowId, input, envelope, deployClass, persistedPlan}``
-  where ``persistedPlan`` is the persisted plan's digest or ``null`` (SEMANTICS.md §1 "Plan digest"). The node
+  where ``persistedPlan`` is the persisted plan's digest or ``null``. The node
   graph is pinned *through* the persisted plan digest (which covers every node's id, kind, key and
   dependencies), so a card that lists nodes must carry that digest: "approve this flow with this input" and
   "approve this graph of keyed work" are different promises (seeds/001 "What the card pins"). A card is always

@@ -4,7 +4,7 @@
 Every mutation crosses the identity boundary first (``identity.Mutation``: copy, decode, bound, durable key,
 fingerprint) and answers a receipt (``_receipts.py``); ``plan`` answers a :class:`~.cards.PlanCard`.
 
-Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"; SEMANTICS.md §7)
+Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval")
 - **Receipts.** Only ``Accepted`` is recorded, with the mutation, in its one transaction. A same-key retry with
   the same fingerprint answers ``AlreadyApplied`` (same receipt and run); another fingerprint ``Conflict``.
   ``Parked`` is never recorded (the key stays unspent for the launch after approval). ``cancel`` never replays

@@ -1,6 +1,6 @@
 """Every hook a plugin may implement, in one place (pluggy project ``"smthrs"``, entry-point group ``smthrs``).
 
-Pluggability is dependency injection at the owning seam (DESIGN.md §2): core classes take a host, a reconciler, a
+Pluggability is dependency injection at the owning seam: core classes take a host, a reconciler, a
 liveness check or an approval authority in their constructors, and only the composition root
 (``runtime.open_runtime``) asks the plugin manager which implementations to pass. Core code never calls a hook.
 
@@ -104,7 +104,7 @@ class HostProvider(Protocol):
     def select(self, request: HostRequest) -> Host | None: ...
 
 
-# The approval authority's types belong to the seam that consumes it (control/authority.py, DESIGN.md §2: DI at
+# The approval authority's types belong to the seam that consumes it (control/authority.py: DI at
 # the owning seam): a plugin's authority receives the control plane's Principal, so ``principal ==
 # Principal("local", "operator")`` holds for the local operator, and answers these verdicts.
 Principal = _control_authority.Principal

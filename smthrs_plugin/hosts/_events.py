@@ -121,7 +121,7 @@ RUN_PARKED = "smthrs.run.parked"
 APPROVAL_REQUESTED = "smthrs.approval.requested"
 #: ``smthrs.approval.approved`` / ``smthrs.approval.denied`` (the journal's ``control.approval.<decision>``).
 APPROVAL_PREFIX = "smthrs.approval."
-#: Cache decisions that mean "an entry for this key existed and was not served" (DESIGN.md §5 vocabulary).
+#: Cache decisions that mean "an entry for this key existed and was not served".
 REFUSED_DECISIONS = frozenset({"UnverifiableEvidence", "Unmeasurable", "StaleReadSet", "ReplayFailed"})
 #: Where a running ``smthrs serve`` is reachable (its review page is ``/`` of it), e.g. ``http://ci-review:8765``.
 SERVE_URL_ENV = "SMTHRS_SERVE_URL"

@@ -4,7 +4,7 @@ Invariants
 - Wherever smthrs starts Prefect (``smthrs run --prefect``, :func:`~.prefect.share_prefect_api`, every flow run
   entered through :func:`~.prefect.quiet_flow_settings`, the examples, the benchmarks, the test sessions), the
   ephemeral server is given :data:`DEFAULT_STARTUP_TIMEOUT_S` (180 s) to become healthy. Prefect's own default
-  (20 s) is shorter than a first start on a fresh, busy 2-core machine (PREFECT.md "Ephemeral server startup").
+  (20 s) is shorter than a first start on a fresh, busy 2-core machine.
 - An explicit user setting always wins: the environment variable :data:`STARTUP_TIMEOUT_SETTING`, or any value other
   than Prefect's own default set in a Prefect profile, ``prefect.toml`` or an enclosing ``temporary_settings``.
   Prefect reads the variable into its settings when ``prefect`` is first imported, so scripts set it before that

@@ -1,4 +1,4 @@
-"""``@sp.step``: a Prefect task whose body goes through the cache dispatch seam (DESIGN.md §3, flow authors).
+"""``@sp.step``: a Prefect task whose body goes through the cache dispatch seam (flow authors).
 
 ::
 

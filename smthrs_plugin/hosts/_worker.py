@@ -1,7 +1,7 @@
 """What crosses a process boundary to a Prefect process-pool or Dask worker: a picklable stand-in for the cache
 dispatch seam, and the per-process caches behind it.
 
-Invariant (DESIGN.md §4, PREFECT.md): engines, fsspec filesystems, measurers and locks are never pickled. A
+Invariant: engines, fsspec filesystems, measurers and locks are never pickled. A
 :class:`WorkerDispatcher` carries URLs and plain settings only (``Database`` and ``ArtifactStore`` pickle as their
 URLs); on first use in a process it opens ONE :class:`~smthrs_plugin.cache._dispatch.CacheDispatcher` per
 (process, workspace, database, stores) and keeps it, so a worker's stat cache stays warm across jobs. Writes a

@@ -85,7 +85,7 @@ __all__ = [
     "EVENT_PREFIX",
 ]
 
-#: Prefect event names are ``smthrs.node.<outcome>`` (DESIGN.md §5 vocabulary; catalogue: :mod:`._events`).
+#: Prefect event names are ``smthrs.node.<outcome>`` (catalogue: :mod:`._events`).
 EVENT_PREFIX = _events.NODE_PREFIX
 
 _HOSTS_BY_RUN: weakref.WeakValueDictionary[str, PrefectHost] = weakref.WeakValueDictionary()
@@ -384,7 +384,7 @@ def report_markdown(run_id: str, report: Report, durations_ms: Mapping[str, floa
 
 def share_prefect_api() -> str:
     """Export this process's Prefect API as ``PREFECT_API_URL`` so its children (process-pool and Dask workers,
-    subprocesses) report to the same server instead of each starting an ephemeral one (PREFECT.md: 10-15 s each,
+    subprocesses) report to the same server instead of each starting an ephemeral one (10-15 s each,
     and their task runs would be invisible). The configured server, or Prefect's ephemeral server — started now if
     it is not running yet (given the startup budget of :mod:`._prefect_env`; a time-out is
     ``SchedulerError(prefect_unavailable)``). Returns the URL. Call it before creating the task runner's workers."""
@@ -409,7 +409,7 @@ def share_prefect_api() -> str:
 
 def quiet_flow_settings() -> Any:
     """A settings context that switches Prefect's per-flow-run heartbeat thread off (its join costs ~0.5 s per
-    flow run, PREFECT.md); smthrs heartbeats its own runs. It also gives Prefect's ephemeral server 180 s to start
+    flow run); smthrs heartbeats its own runs. It also gives Prefect's ephemeral server 180 s to start
     unless the user chose a startup timeout (:mod:`._prefect_env`)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 

@@ -1,5 +1,5 @@
 """The Prefect host as a plugin: announced by this distribution's own ``smthrs`` entry point (``prefect``), so the
-composition root discovers it like any third-party plugin and never imports ``hosts`` (DESIGN.md §2 layering).
+composition root discovers it like any third-party plugin and never imports ``hosts``.
 
 - ``smthrs_hosts``: a provider that selects a :class:`~.prefect.PrefectHost` whenever a Prefect flow run is active
   on the thread asking (``rt.scheduler(...).run(plan)`` inside a ``@flow``). Outside a flow run it answers None

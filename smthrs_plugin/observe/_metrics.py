@@ -219,7 +219,7 @@ class Observation:
             or inspect.isasyncgenfunction(fn)
         ):
             # Such a call returns at once; timing it would record the creation of a coroutine or generator, not
-            # the work. The core is synchronous (DESIGN.md §4).
+            # the work. The core is synchronous.
             raise TypeError(f"observe cannot decorate {fn!r}: only synchronous, non-generator functions")
 
         @functools.wraps(fn)

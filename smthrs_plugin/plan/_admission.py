@@ -1,6 +1,6 @@
 """Admission: which ready nodes start now, by priority plus aging, under step and agent caps. PURE.
 
-Rule (SEMANTICS.md §3, exact): each admission *pass* ranks the ready nodes by ``priority + waited``
+Rule (exact): each admission *pass* ranks the ready nodes by ``priority + waited``
 descending, ties by plan position; walks them, skipping a node when the step cap is full or (an agent) the
 agent cap is full — an agent counts against both caps, and a blocked agent does not stop later steps; every
 ready node left waiting gets ``waited += 1`` once per pass. Arithmetic is exact (Python ints, any size).

@@ -1,6 +1,6 @@
 """Compile, append and verify plans; the plan digest; conflict annotation. PURE.
 
-Invariants (SEMANTICS.md §2)
+Invariants
 - Compile is all-or-nothing: (1) duplicate ids → ``duplicate_node``; (2) a depth-first, post-order topological
   sort in declaration order over material dependencies gives plan order (``unknown_dependency``, ``cycle``);
   (3) effects are workspace-relative, no path is both written and removed, and nothing is written or removed

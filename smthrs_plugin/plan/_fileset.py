@@ -219,7 +219,7 @@ def _flatten_into(e: Any, depth: int, out: list[PathEntry], seen: set[Any]) -> N
 
 
 def is_exact(entry: PathEntry) -> bool:
-    """True for an exact file path (the only kind of read a cache may admit, SEMANTICS.md §4)."""
+    """True for an exact file path (the only kind of read a cache may admit)."""
     return isinstance(entry, str)
 
 

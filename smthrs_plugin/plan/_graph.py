@@ -1,6 +1,6 @@
 """RuntimeGraph: the indexed readiness state of one run of a plan. PURE, in memory, single-threaded.
 
-Invariants (seed "Drive a plan to completion", SEMANTICS.md §3)
+Invariants (seed "Drive a plan to completion")
 - Stable plan positions, forward and reverse edges, per-vertex ``unresolved`` (dependencies not yet settled
   successfully) and ``blocked`` (dependencies settled failed/skipped/deferred) counts, explicit ready /
   waiting / in-flight sets and a ``remaining`` count replace whole-plan readiness rescans: every settlement

@@ -5,7 +5,7 @@ Every document hashed here is the reference implementation's, member for member,
 here equals the one the reference computes for the same declaration (tests/plan/test_reference_goldens.py
 reproduces its pinned vectors). ``key(v) = "key1_" + sha256(RFC 8785 bytes of v)`` (``canonical.key``).
 
-Invariants (SEMANTICS.md §1)
+Invariants
 - The **plan key** is a pure function of a node's declaration and folds upstream plan keys (transitive
   re-keying)::
 
@@ -424,7 +424,7 @@ def dispatch_key(
     boundary_mode: str | None = None,
     memo: MutableMapping[tuple[str, tuple[str, ...]], str] | None = None,
 ) -> str:
-    """The sealed dispatch key (SEMANTICS.md §1; module docstring for the document).
+    """The sealed dispatch key (module docstring for the document).
 
     ``ref_values``: the projected value of each Ref input by index (see :func:`resolve_refs`). ``read_set``:
     measured ``(path, digest)`` pairs, globs already expanded. ``environment``: the scheduler's declared

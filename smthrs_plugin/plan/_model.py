@@ -10,10 +10,10 @@ Invariants
   from every canonical form and every dump, never written as ``null`` (``null`` hashes differently).
 - ``priority`` is an exact ``int`` (``bool``, ``float`` and ``str`` refused) of any size; see
   ``compile.priority_json`` for how a priority beyond the JSON-safe range enters the plan digest.
-- Node ids never enter a key (SEMANTICS.md §1): renaming a node keeps its key.
+- Node ids never enter a key: renaming a node keeps its key.
 
-The shapes mirror the reference ``@smthrs/plan`` declarations (SEMANTICS.md §2); the convenience constructor
-:func:`node` is the public spelling of DESIGN.md §8.
+The shapes mirror the reference ``@smthrs/plan`` declarations; the convenience constructor
+:func:`node` is the public spelling of a node declaration.
 """
 
 from __future__ import annotations
@@ -333,7 +333,7 @@ def _capabilities(v: Any) -> dict[str, tuple[str, ...]]:
 
 
 class KeyMaterial(_PlanModel):
-    """Everything about a node that determines what it computes (SEMANTICS.md §2). ``tier`` is the seed's
+    """Everything about a node that determines what it computes. ``tier`` is the seed's
     material ``kind``: ``sealed`` work is content-addressed; ``compensable``/``irreversible`` work is keyed
     run-locally. ``nondeterministic`` is absent unless declared."""
 
@@ -586,7 +586,7 @@ def node(
     approval: Mapping[str, Any] | None = None,
     wait: Mapping[str, Any] | None = None,
 ) -> NodeDraft:
-    """Declare a node (DESIGN.md §8). ``body`` is plain JSON (default ``{}``); refusals are ``PlanError`` naming
+    """Declare a node. ``body`` is plain JSON (default ``{}``); refusals are ``PlanError`` naming
     the node, raised before anything is compiled.
 
     >>> d = node("build", body={"cmd": "make"}, inputs=[Ref("fetch", path=["value"])], writes=["dist/"])

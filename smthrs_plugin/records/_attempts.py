@@ -6,7 +6,7 @@ Invariants:
   rows; the scheduler (and anything else) calls :class:`AttemptStore`. The fence is the runs owner's
   (:func:`~.runs.assert_owner`), checked inside the same transaction.
 - Rows are keyed by (run_id, key_digest, attempt) where ``key_digest = sha256(utf8(key))`` of the node's
-  ``key1_`` key (SEMANTICS.md §1). :meth:`AttemptStore.begin` allocates ``attempt = max + 1`` for that pair
+  ``key1_`` key. :meth:`AttemptStore.begin` allocates ``attempt = max + 1`` for that pair
   inside its transaction; an attempt moves ``started → completed | failed`` exactly once.
 - Every write is FENCED: it asserts, inside its transaction, that the writer still owns the running run, so a
   zombie owner (stalled, then resumed after a steal) can neither start nor settle an attempt.

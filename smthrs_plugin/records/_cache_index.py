@@ -7,7 +7,7 @@ Invariants:
   entry document itself (``entry_json``) is opaque here: the cache's entry codec decodes and verifies it, so a
   row is never judged servable on its metadata alone.
 - **Caller's transaction.** Writes are ``*_in(conn, ...)`` on the caller's connection: the dispatch seam records
-  a row in the SAME transaction as its attempt row and journal record (SEMANTICS.md §4 publication order). Every
+  a row in the SAME transaction as its attempt row and journal record. Every
   timestamp is the caller's ``now_ms``, so one clock decides a tier's times.
 - **Metadata is advisory.** ``provenance_json`` and ``components_json`` that do not parse read as ``None``
   (``ls``/``explain`` then show less); they never decide what is served — the entry does.

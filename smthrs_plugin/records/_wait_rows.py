@@ -9,7 +9,7 @@ Invariants:
   different thing: import them from their modules.)
 - The waiting taxonomy is closed: ``timer`` (``wake_at_ms`` = the earliest pending clock deadline), ``event``,
   ``released`` (with its ``cause`` from the ``interrupt-released`` decision), ``quarantine`` (seed 004), and
-  ``waiting-approval`` (a pending node approval gate, DESIGN.md §3: only the control plane's decision wakes it).
+  ``waiting-approval`` (a pending node approval gate: only the control plane's decision wakes it).
   A row outside it (unknown reason, a timer without a deadline, values of the wrong type) is
   :class:`Undecodable`: list reads skip it with one warning naming its key, point reads raise
   ``StoreError(decode_failed)``.

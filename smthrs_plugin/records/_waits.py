@@ -1,6 +1,6 @@
 """The waits owner: deferreds, clocks, park and wake — the state that lets a waiting run survive its process.
 
-Invariants (seed 004, "Durable waits"; SEMANTICS.md §5):
+Invariants (seed 004, "Durable waits"):
 
 - **One owner.** Every statement on ``deferred_completions`` and ``clock_deadlines`` is here, and the decoders of
   their rows and of a waiting run are in its private part ``_wait_rows``; run-row changes go through the runs

@@ -1,4 +1,4 @@
-"""The plan scheduler: record/append/run with Reports, conflicts, reconciliation and hosts (DESIGN.md §3).
+"""The plan scheduler: record/append/run with Reports, conflicts, reconciliation and hosts.
 
 ``PlanScheduler`` drives a persisted plan through the cache dispatch seam on a host; ``reconcile`` judges
 deviations and unabsorbed conflicts; ``inputs`` pins source reads and the environment per run; ``planfile``

@@ -71,7 +71,7 @@ class Settlement:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` shape of DESIGN.md §8 (``error`` only when present)."""
+        """The ``--json`` shape of a report (``error`` only when present)."""
         out: dict[str, Any] = {
             "node": self.node,
             "outcome": self.outcome,

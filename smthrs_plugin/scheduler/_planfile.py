@@ -1,4 +1,4 @@
-"""Plan files: the YAML plan format of DESIGN.md §8, and the executor that runs its nodes.
+"""Plan files: the YAML plan format (README "Running plans"), and the executor that runs its nodes.
 
 ::
 

@@ -1,5 +1,5 @@
 """Timer nodes: a plan node declaring ``wait: {seconds: N}`` or ``wait: {until: <ISO-8601>}`` is a durable clock of
-its run (DESIGN.md §8, ``cool-down``).
+its run (``cool-down``).
 
 Invariants:
 

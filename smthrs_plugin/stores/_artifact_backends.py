@@ -3,7 +3,7 @@
 Everything is plain fsspec except the create-if-absent primitive: local disk stages a temp file and
 ``os.link``\\ s it into place (EEXIST when the name exists), S3 sends ``If-None-Match: *`` on ``PUT`` and on
 ``CompleteMultipartUpload``, ``memory://`` checks-and-sets under a process lock. fsspec's local
-``mode="create"`` (check-then-write) is never used (PREFECT.md §fsspec).
+``mode="create"`` (check-then-write) is never used.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Invariants
 - A blob is only ever visible under its final name complete: local disk writes a temp file then ``os.link``\\ s
   it (the link fails if the name exists, so it is also create-if-absent); S3 ``PUT`` and multipart
   ``CompleteMultipartUpload`` are atomic and carry ``If-None-Match: *``; ``memory://`` swaps whole values under a
-  lock. fsspec's local ``mode="create"`` (check-then-write) is never used (PREFECT.md §fsspec).
+  lock. fsspec's local ``mode="create"`` (check-then-write) is never used.
 - Bytes are verified on every read: a blob that no longer hashes to its name is ``corrupt`` and never returned.
 - Entries are published first-writer-wins with the same primitive (``Created | Existing``); a writer publishes
   every blob an entry references *before* the entry, so a reader never sees an entry with a missing blob —

@@ -752,7 +752,7 @@ def _sqlite_engines(db: Database) -> tuple[Engine, Engine]:
         @event.listens_for(eng, "begin")
         def _on_begin(conn: Connection) -> None:
             # IMMEDIATE takes the write lock up front: a deferred transaction that reads then writes can fail
-            # with SQLITE_BUSY at the upgrade, which no busy timeout can fix (PREFECT.md §Databases).
+            # with SQLITE_BUSY at the upgrade, which no busy timeout can fix.
             # Issued on the driver connection itself (what conn.exec_driver_sql would send, minus a full
             # statement execution round through SQLAlchemy). A transaction already open on the driver is one
             # Database.write opened itself (see _outermost): SQLAlchemy is joining it.

@@ -17,7 +17,7 @@ Invariants:
 - Status strings are not CHECK-constrained on purpose: an unknown value is data corruption the readers report,
   and a future status added by a newer migration must not make older rows unreadable.
 
-Prior art: the reference ``@smthrs/engine-store`` tables (SEMANTICS.md §6).
+Prior art: the reference ``@smthrs/engine-store`` tables.
 """
 
 from __future__ import annotations

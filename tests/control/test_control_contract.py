@@ -1,6 +1,6 @@
 """The control-plane contract, on SQLite and PostgreSQL: every receipt (Accepted, AlreadyApplied, Parked, Conflict,
 Terminal) and every refusal (Unauthorized, PlanNotFound, PlanDenied, PlanDigestMismatch, EnvelopeMismatch,
-AlreadyResolved, RunNotFound, InvalidInput) of ``Control`` (seeds/001; SEMANTICS.md §7)."""
+AlreadyResolved, RunNotFound, InvalidInput) of ``Control`` (seeds/001)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Prefect integration suite's one server.
 
-ONE real ``prefect server start`` (in-memory SQLite, so no "database is locked" back-offs, PREFECT.md) for the
+ONE real ``prefect server start`` (in-memory SQLite, so no "database is locked" back-offs) for the
 whole test session, shared by this process (``temporary_settings``) and every subprocess and worker it starts
 (``PREFECT_API_URL`` in the environment). Measured on 2 cores: ~8-12 s to become healthy, the same as the
 in-process ephemeral server — but the ephemeral server would be started AGAIN by every subprocess, process-pool

@@ -14,7 +14,7 @@ from smthrs_plugin.stores._database import Database
 
 @pytest.fixture
 def settings() -> Settings:
-    # The SEMANTICS.md §5 constants, pinned so a developer's SMTHRS_* environment cannot change the tests.
+    # The ownership constants, pinned so a developer's SMTHRS_* environment cannot change the tests.
     return load_settings(
         stale_after_s=30.0, skew_allowance_s=10.0, heartbeat_interval_s=1.0, host_id="host-a"
     )

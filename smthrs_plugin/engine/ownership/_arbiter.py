@@ -28,7 +28,7 @@ Invariants:
   indexed read and writes nothing.
 - The liveness check runs OUTSIDE the write transaction (a probe may be slow; the SQLite write lock must not
   wait on it); the steal then re-checks that the row is still exactly what was judged.
-- Time comes from the injected clock; the stale window from Settings (SEMANTICS.md §5: stale after 30 s; the 10 s
+- Time comes from the injected clock; the stale window from Settings (stale after 30 s; the 10 s
   skew allowance only derives the heartbeater's 19 s self-interrupt tolerance; tests shorten them with
   SMTHRS_STALE_AFTER_S etc.).
 

@@ -3,7 +3,7 @@ instead of at its next poll (seed: "The wake bus makes the common case fast").
 
 Polling the store is the correctness path; the bus only shortens it. Nothing here is durable: a wake with no
 subscriber is dropped (``Dropped``), and cross-process delivery stays store-driven. Threads, not asyncio
-(DESIGN.md §4): a waiter blocks on a condition variable.
+(the core is synchronous): a waiter blocks on a condition variable.
 
 The lost-wakeup rule. An edge-triggered signal is lost if it fires between a waiter's check of durable state and
 its wait. So a waiter **subscribes first, then checks the store, then waits** on the subscription; the waker
