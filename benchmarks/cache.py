@@ -51,13 +51,13 @@ import sqlalchemy as sa  # noqa: E402
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.boundary import Measurer  # noqa: E402
 from smthrs_plugin.cache import CacheDispatcher  # noqa: E402
-from smthrs_plugin.cache._entry import decode_entry  # noqa: E402
-from smthrs_plugin.cache._requests import node_request  # noqa: E402
-from smthrs_plugin.cache._shared import check_document  # noqa: E402
-from smthrs_plugin.cache._signing import Trust, workspace_key  # noqa: E402
-from smthrs_plugin.stores._artifacts import ArtifactStore  # noqa: E402
-from smthrs_plugin.stores._database import open_database  # noqa: E402
-from smthrs_plugin.stores._schema import step_cache  # noqa: E402
+from smthrs_plugin.cache.entry import decode_entry  # noqa: E402
+from smthrs_plugin.cache.requests import node_request  # noqa: E402
+from smthrs_plugin.cache.shared import check_document  # noqa: E402
+from smthrs_plugin.cache.signing import Trust, workspace_key  # noqa: E402
+from smthrs_plugin.stores.artifacts import ArtifactStore  # noqa: E402
+from smthrs_plugin.stores.database import open_database  # noqa: E402
+from smthrs_plugin.stores.schema import step_cache  # noqa: E402
 
 INPUT = os.urandom(4096)  # the same bytes on every "machine": one key
 PHASES = ("key", "lookup", "verify", "replay", "record", "total")

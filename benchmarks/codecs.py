@@ -3,7 +3,7 @@
 Run: ``python benchmarks/codecs.py [--mb 100] [--repeat 3]``. Prints side-by-side figures from one run (best of
 ``--repeat``); nothing is asserted.
 
-1. ``key_form`` of a ~``--mb`` MB numeric DataFrame (Arrow IPC stream + SHA-256, see ``codecs/_frames.py``) vs a
+1. ``key_form`` of a ~``--mb`` MB numeric DataFrame (Arrow IPC stream + SHA-256, see ``codecs/frames.py``) vs a
    plain ``hashlib.sha256`` over the frame's raw column bytes. Goal: >= 0.5x raw throughput.
 2. ``key_form`` of the same frame decoded from its stored blob (a step receiving another step's cached result):
    keyed on the stored digest, no hashing. Goal: ~free (microseconds).
@@ -51,8 +51,8 @@ for _k, _v in {
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from smthrs_plugin.codecs._frames import forget_identities, frame_codecs  # noqa: E402
-from smthrs_plugin.codecs._registry import CodecRegistry  # noqa: E402
+from smthrs_plugin.codecs.frames import forget_identities, frame_codecs  # noqa: E402
+from smthrs_plugin.codecs.registry import CodecRegistry  # noqa: E402
 
 
 class MemoryCAS:
@@ -108,7 +108,7 @@ def bench_prefect_hits(mb: int, hits: int) -> None:
     from prefect.cache_policies import INPUTS, TASK_SOURCE
 
     import smthrs_plugin as sp
-    from smthrs_plugin.hosts.prefect import quiet_flow_settings
+    from smthrs_plugin.prefect.host import quiet_flow_settings
 
     root = Path(tempfile.mkdtemp(prefix="smthrs-bench-codecs-"))
 

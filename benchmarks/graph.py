@@ -38,7 +38,7 @@ from plan_reference import NaiveAdmission, NaiveGraph  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.plan import Plan, RuntimeGraph
-from smthrs_plugin.plan._admission import Admission
+from smthrs_plugin.plan.admission import Admission
 
 CAPS = {"steps": 8, "agents": 2}
 REFERENCE_MAX = 10_000

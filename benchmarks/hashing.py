@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from smthrs_plugin.boundary._measure import DEFAULT_RACY_WINDOW_NS, Measurer  # noqa: E402
+from smthrs_plugin.boundary.measure import DEFAULT_RACY_WINDOW_NS, Measurer  # noqa: E402
 
 CHUNK = 1 << 20
 

@@ -48,7 +48,7 @@ from prefect import flow  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.boundary import Declaration, IsolatedCall, namespace_available  # noqa: E402
-from smthrs_plugin.hosts.prefect import quiet_flow_settings  # noqa: E402
+from smthrs_plugin.prefect.host import quiet_flow_settings  # noqa: E402
 
 
 def _spin(ms: float) -> int:

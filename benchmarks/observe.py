@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlalchemy as sa  # noqa: E402
 
-from smthrs_plugin.observe._catalog import RunFilters, list_runs  # noqa: E402
-from smthrs_plugin.observe._watch import watch  # noqa: E402
-from smthrs_plugin.records._journal import Journal  # noqa: E402
-from smthrs_plugin.stores._catalog_indexes import CATALOG_INDEXES  # noqa: E402
-from smthrs_plugin.stores._database import Database, open_database  # noqa: E402
-from smthrs_plugin.stores._schema import run_parents, runs  # noqa: E402
+from smthrs_plugin.observe.catalog import RunFilters, list_runs  # noqa: E402
+from smthrs_plugin.observe.watch import watch  # noqa: E402
+from smthrs_plugin.records.journal import Journal  # noqa: E402
+from smthrs_plugin.stores.catalog_indexes import CATALOG_INDEXES  # noqa: E402
+from smthrs_plugin.stores.database import Database, open_database  # noqa: E402
+from smthrs_plugin.stores.schema import run_parents, runs  # noqa: E402
 
 
 def fill(db: Database, n: int) -> None:

@@ -64,7 +64,7 @@ from prefect import flow  # noqa: E402
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.hosts.prefect import quiet_flow_settings  # noqa: E402
+from smthrs_plugin.prefect.host import quiet_flow_settings  # noqa: E402
 
 
 def double(x: int) -> dict:

@@ -80,7 +80,7 @@ for _k, _v in {
 from _hidden_cluster import can_hide, hidden_cluster  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.hosts.prefect import PrefectHost, quiet_flow_settings, share_prefect_api  # noqa: E402
+from smthrs_plugin.prefect.host import PrefectHost, quiet_flow_settings, share_prefect_api  # noqa: E402
 
 NODES = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3

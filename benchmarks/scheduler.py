@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache._model import DispatchResult, Miss
+from smthrs_plugin.cache.model import DispatchResult, Miss
 from smthrs_plugin.plan import RuntimeGraph
-from smthrs_plugin.plan._admission import Admission
+from smthrs_plugin.plan.admission import Admission
 from smthrs_plugin.scheduler import ThreadHost
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000

@@ -38,9 +38,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.stores.database import Database, open_database
 
 Op = Callable[[], None]
 

@@ -12,7 +12,7 @@ Automations run inside a Prefect server (or Prefect Cloud): point ``PREFECT_API_
     PREFECT_API_URL=http://127.0.0.1:4200/api python examples/automation_notify.py --webhook URL [--json]
 
 Every ``smthrs.*`` event, its resource id, labels and payload: README "Automations" (and
-``smthrs_plugin/hosts/_events.py``).
+``smthrs_plugin/prefect/_events.py``).
 """
 
 from __future__ import annotations

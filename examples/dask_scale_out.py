@@ -113,7 +113,7 @@ def run_twice(
     from prefect import flow
     from prefect_dask import DaskTaskRunner
 
-    from smthrs_plugin.hosts.prefect import quiet_flow_settings, share_prefect_api
+    from smthrs_plugin.prefect.host import quiet_flow_settings, share_prefect_api
 
     api = share_prefect_api()  # the workers report their task runs to this process's Prefect server
     plan = make_plan(parts, rounds)

@@ -48,7 +48,7 @@ Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 from prefect import flow  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.hosts.prefect import host_for_run, quiet_flow_settings  # noqa: E402
+from smthrs_plugin.prefect.host import host_for_run, quiet_flow_settings  # noqa: E402
 
 REGIONS = ("north", "south", "east", "west", "centre")
 

@@ -40,7 +40,7 @@ for _k, _v in {
 from prefect import flow  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.hosts.prefect import quiet_flow_settings, share_prefect_api  # noqa: E402
+from smthrs_plugin.prefect.host import quiet_flow_settings, share_prefect_api  # noqa: E402
 
 OUTPUTS = ["out/words.json", "out/top.json", "out/report.txt"]
 

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 
 from . import control as control  # the namespaces sp.control and sp.plan
 from . import plan as plan
-from .control._approvals import require_approval
-from .control._control import Control
-from .engine._context import RunContext, RunParked, current_run
-from .engine.drive._active_run import (
+from .control.approvals import require_approval
+from .control.facade import Control
+from .engine.context import RunContext, RunParked, current_run
+from .engine.drive.active_run import (
     DriveLost,
     DriveNotClaimed,
     DriveOutcome,
@@ -48,7 +48,7 @@ from .engine.drive._active_run import (
     DriveSettled,
     DriveUnregistered,
 )
-from .engine.waits._flow_waits import complete, sleep, sleep_until, wait_for
+from .engine.waits.flow_waits import complete, sleep, sleep_until, wait_for
 from .errors import (
     ApprovalDenied,
     ArtifactError,
@@ -67,24 +67,24 @@ from .errors import (
     WaitError,
 )
 from .hooks import hookimpl
-from .hosts._workspace import Workspace
+from .prefect.workspace import Workspace
 from .runtime import Runtime, open_runtime
-from .scheduler._model import NodeInput
-from .scheduler._planfile import load_plan
+from .scheduler.model import NodeInput
+from .scheduler.planfile import load_plan
 from .settings import Settings, load_settings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .hosts._flows import durable_run
-    from .hosts._step import Step, step
-    from .hosts._steprun import step_settings
+    from .prefect.flows import durable_run
+    from .prefect.step import Step, step
+    from .prefect.steprun import step_settings
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "step": ("hosts._step", "step"),
-    "Step": ("hosts._step", "Step"),
-    "step_settings": ("hosts._steprun", "step_settings"),
-    "durable_run": ("hosts._flows", "durable_run"),
+    "step": ("prefect.step", "step"),
+    "Step": ("prefect.step", "Step"),
+    "step_settings": ("prefect.steprun", "step_settings"),
+    "durable_run": ("prefect.flows", "durable_run"),
 }
 
 

@@ -4,7 +4,7 @@ Why this lives on floor 0 and not in ``observe/``: the code that *decides* outco
 dispatch seam and the sandbox (cache, boundary), the plan scheduler — sits below ``observe`` and may not import
 it. Those layers take a :class:`MetricsPort` collaborator in their constructor and default it to
 :data:`NULL_METRICS`, so they can always call ``metrics.cache_decision("Miss")`` without a check. The
-OpenTelemetry-backed implementation (``smthrs_plugin.observe._metrics.Metrics``) is injected by the composition
+OpenTelemetry-backed implementation (``smthrs_plugin.observe.metrics.Metrics``) is injected by the composition
 root. Prior art: the seed's ``EngineStoreMetrics`` (``@smthrs/engine-store``, guide "observe-engine-metrics").
 
 Invariants
@@ -163,7 +163,7 @@ class Observer(Protocol):
 @runtime_checkable
 class MetricsPort(Protocol):
     """What core code calls. Implemented by :class:`NullMetrics` (record nothing) and by the OpenTelemetry-backed
-    ``smthrs_plugin.observe._metrics.Metrics``. Every method refuses a tag outside its closed vocabulary."""
+    ``smthrs_plugin.observe.metrics.Metrics``. Every method refuses a tag outside its closed vocabulary."""
 
     def dispatch_exited(self, tag: ExitTag) -> None:
         """One durable dispatch exited (cache-served and fresh alike)."""

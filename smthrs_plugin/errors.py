@@ -168,7 +168,7 @@ class SchedulerError(SmthrsError):
 class StoreError(SmthrsError):
     """The durable store refused or failed. ``cause`` keeps the driver's original exception.
 
-    Database faults are named by what they are (``stores/_dberrors.py``): ``unreachable`` (server down, bad host,
+    Database faults are named by what they are (``stores/dberrors.py``): ``unreachable`` (server down, bad host,
     a file that cannot be opened), ``disk_full``, ``locked`` (a lock held past the wait), ``read_only``,
     ``not_a_database`` (the file exists but is not SQLite), ``corrupt`` (a malformed database image),
     ``schema_too_new``. The first four are passing faults (:func:`passing_fault`)."""
@@ -187,7 +187,7 @@ class StoreError(SmthrsError):
         "invalid_argument",
         "backup_failed",
         "restore_failed",
-        # database faults named by what they are (stores/_dberrors.py)
+        # database faults named by what they are (stores/dberrors.py)
         "disk_full",
         "locked",
         "not_a_database",
@@ -390,7 +390,7 @@ class CodecError(SmthrsError, ValueError):
 
 
 class RemoteError(SmthrsError):
-    """Remote execution over the content-addressed store failed (``hosts/_remote.py``): ``store_not_shared`` (the
+    """Remote execution over the content-addressed store failed (``prefect/_remote.py``): ``store_not_shared`` (the
     artifact store is not one the workers can reach), ``input_unavailable`` (a declared read's blob was missing or
     corrupt in the store even after it was uploaded again), ``output_unavailable`` (a blob a worker reported is
     missing or corrupt), ``invalid_delta`` (a worker reported a path outside its tree or an entry that is not a

@@ -7,7 +7,7 @@ Invariants
   in a task-runner worker process), the control plane (:meth:`Runtime.control`) or the cache tiers
   (:meth:`Runtime.cache_tiers`); the CLI, the hosts and ``smthrs serve`` take them from a runtime, so every one
   of them shares its owner, journal, clock, liveness check, metrics and publisher trust
-  (``tests/test_runtime_wiring.py`` pins it). The dispatcher, the driver and the control plane are built on
+  (``tests/cross_cutting/test_runtime_wiring.py`` pins it). The dispatcher, the driver and the control plane are built on
   first use, once per runtime; a command that never dispatches never measures the workspace.
 - Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults (SQLite at
   ``<workspace>/.smthrs/state.db``, artifacts under ``<workspace>/.smthrs/artifacts``). Bad settings are a typed
@@ -18,7 +18,7 @@ Invariants
   re-measurement cheap).
 - Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
   by :meth:`Runtime.scheduler` drives its own run (a private pass lifecycle, not the registry-driven
-  :class:`~smthrs_plugin.engine.drive._driver.RunDriver`: a pass runs on its caller's thread and answers with a
+  :class:`~smthrs_plugin.engine.drive.driver.RunDriver`: a pass runs on its caller's thread and answers with a
   ``Report`` or a typed scheduler error, never a ``DriveOutcome``): it creates the run if needed, claims
   it (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
   ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it ``failed`` too). A pass interrupted by anything else, or
@@ -41,35 +41,35 @@ from typing import Any
 
 from ._clock import SYSTEM_CLOCK, Clock
 from ._metrics import NULL_METRICS, MetricsPort
-from .boundary._evidence import InlineLimits
-from .boundary._measure import Measurer
-from .cache._bounds import SizeCaps
-from .cache._dispatch import CacheDispatcher
-from .cache._local import LocalTier
-from .cache._model import SandboxMode
-from .cache._shared import SharedTier
-from .cache._signing import Trust, shared_trust_warning, trust_from_settings
+from .boundary.evidence import InlineLimits
+from .boundary.measure import Measurer
+from .cache.bounds import SizeCaps
+from .cache.dispatch import CacheDispatcher
+from .cache.local import LocalTier
+from .cache.model import SandboxMode
+from .cache.shared import SharedTier
+from .cache.signing import Trust, shared_trust_warning, trust_from_settings
 from .codecs import CodecRegistry
-from .control._approvals import NodeGate
-from .control._control import Control
-from .engine._context import RunCancelled, RunParked, RunReleased
-from .engine.drive._active_run import ActiveRun
-from .engine.drive._driver import RunDriver
-from .engine.ownership._arbiter import Activated, Ownership, Terminal
-from .engine.ownership._liveness import LivenessCheck
-from .engine.waits._flow_waits import HostWaker, set_default_host_waker
+from .control.approvals import NodeGate
+from .control.facade import Control
+from .engine.context import RunCancelled, RunParked, RunReleased
+from .engine.drive.active_run import ActiveRun
+from .engine.drive.driver import RunDriver
+from .engine.ownership.arbiter import Activated, Ownership, Terminal
+from .engine.ownership.liveness import LivenessCheck
+from .engine.waits.flow_waits import HostWaker, set_default_host_waker
 from .errors import FenceLost, SchedulerError, passing_fault
-from .hooks._manager import Plugins, get_plugins
-from .hooks._wiring import observed_metrics, scheduler_options
+from .hooks.manager import Plugins, get_plugins
+from .hooks.wiring import observed_metrics, scheduler_options
 from .plan import ABSENT, Concurrency, Plan
-from .records._journal import Journal
-from .records._runs import OwnerId, RunStore, current_owner
-from .records._waits import WaitStore
+from .records.journal import Journal
+from .records.runs import OwnerId, RunStore, current_owner
+from .records.waits import WaitStore
 from .scheduler import PlanScheduler, Reconciler, Report
-from .scheduler._host import Host
+from .scheduler.host import Host
 from .settings import Settings, load_settings
-from .stores._artifacts import ArtifactStore
-from .stores._database import Database, open_database
+from .stores.artifacts import ArtifactStore
+from .stores.database import Database, open_database
 
 __all__ = ["open_runtime", "Runtime", "CacheTiers", "process_codecs", "process_dispatcher"]
 
@@ -416,7 +416,7 @@ def process_dispatcher(
     temp_dir: str | None,
 ) -> CacheDispatcher:
     """The cache dispatch seam of a task-runner worker process (a Prefect process pool, Dask), rebuilt from what
-    crossed the process boundary (``hosts/_worker.py`` keeps one per process and description). It has no
+    crossed the process boundary (``prefect/_worker.py`` keeps one per process and description). It has no
     runtime: trust, size caps and codecs come from this process's ``SMTHRS_*`` settings, and it counts nothing
     (the coordinator's process owns the metrics)."""
     return CacheDispatcher(
@@ -467,7 +467,7 @@ def open_runtime(
     the lease); ``plugins`` defaults to the process-wide manager (built-ins + installed ``smthrs`` entry points).
     ``sqlite_synchronous`` (default ``SMTHRS_SQLITE_SYNCHRONOUS``, else ``"full"``) is the SQLite commit durability:
     ``"normal"`` trades power-loss durability of the last commits for one fsync less per commit (see
-    :func:`~smthrs_plugin.stores._database.open_database`).
+    :func:`~smthrs_plugin.stores.database.open_database`).
     ``artifacts_block`` (default ``SMTHRS_ARTIFACTS_BLOCK``) names a saved Prefect block (``s3-bucket/<name>``) the
     artifact store — and so the shared cache tier — is built from; ``artifacts_options`` are laid over its
     options. ``artifacts`` beats ``SMTHRS_ARTIFACTS_BLOCK``, ``artifacts_block`` beats ``SMTHRS_ARTIFACTS_URL``; a

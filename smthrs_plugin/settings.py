@@ -63,7 +63,7 @@ class CacheSettings(BaseSettings):
     block (``secret/<name>`` or ``<name>``) holding that key (PEM or base64) — never both. ``cache_trusted_keys`` (``SMTHRS_CACHE_TRUSTED_KEYS``): comma-separated public keys
     (files, or inline base64/PEM) whose entries this machine serves. Neither set: a workspace key generated on
     first use under ``<workspace>/.smthrs/keys/``, trusted only by itself. Only trusted keys set: this machine
-    reads the shared tier but never publishes to it. See :mod:`smthrs_plugin.cache._signing`.
+    reads the shared tier but never publishes to it. See :mod:`smthrs_plugin.cache.signing`.
     ``cache_max_output_bytes`` / ``cache_max_step_bytes``: a sealed step whose one output, or whose outputs
     together, exceed them settles ``failed`` (``CacheError(output_too_large)``) before anything is published.
     ``cache_revocation_refresh_s``: how stale this process's view of revocations may be on a LOCAL hit (a shared
@@ -125,9 +125,9 @@ class Settings(CacheSettings):
     #: fsyncs the WAL at every commit: a committed transition survives an OS crash or power loss. ``normal``
     #: fsyncs only at checkpoints: still safe against PROCESS crashes (the WAL is in the OS page cache), but
     #: an OS crash / power loss may lose the last commits, so an irreversible node that ran may be run again.
-    #: Opt in only where that re-execution is acceptable. See :func:`smthrs_plugin.stores._database.open_database`.
+    #: Opt in only where that re-execution is acceptable. See :func:`smthrs_plugin.stores.database.open_database`.
     sqlite_synchronous: SqliteSynchronous = "full"
-    #: Where node and step bodies run when the flow's task runner is not in this process (``hosts/_remote.py``):
+    #: Where node and step bodies run when the flow's task runner is not in this process (``prefect/_remote.py``):
     #: ``auto`` decides from the runner (a process pool or a Dask runner that starts its own local cluster shares
     #: this machine's filesystem; any other out-of-process runner is remote), ``shared`` trusts the workers to
     #: see the workspace at the same path, ``remote`` ships the declared reads and the outputs through the

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from smthrs_plugin.errors import ArtifactError
-from smthrs_plugin.stores._artifacts import ArtifactStore, Existing
+from smthrs_plugin.stores.artifacts import ArtifactStore, Existing
 
 ENTRY = "race-entry"
 

@@ -14,9 +14,9 @@ import time
 
 import sqlalchemy as sa
 
-from smthrs_plugin.stores._database import Database
-from smthrs_plugin.stores._schema import runs as runs_table
-from smthrs_plugin.stores._wait_tables import clock_deadlines
+from smthrs_plugin.stores.database import Database
+from smthrs_plugin.stores.schema import runs as runs_table
+from smthrs_plugin.stores.wait_tables import clock_deadlines
 
 __all__ = ["let_the_deadline_pass", "expire_lease"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.stores.database import Database, open_database
 
 # One temporary directory for the whole session and every process it starts (TMPDIR is inherited), removed at
 # exit: a SIGKILLed child (the crash tests kill owners mid-node on purpose) cannot remove its own sandbox, and a
@@ -45,7 +45,7 @@ for _k, _v in {
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
     "PREFECT_LOGGING_ROOT_LEVEL": "CRITICAL",
     # A first ephemeral-server start on a busy 2-core machine takes longer than Prefect's 20 s; the
-    # library's own default (hosts/_prefect_env.py), set here too for subprocesses that import Prefect directly.
+    # library's own default (prefect/environment.py), set here too for subprocesses that import Prefect directly.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

@@ -2,28 +2,6 @@
 
 from __future__ import annotations
 
-from ._boundary import (
-    BoundaryMode,
-    Declaration,
-    Prepared,
-    ReadSetChanged,
-    ReadSetCheck,
-    ReadSetMatches,
-    check_read_set,
-    prepare,
-    settle,
-)
-from ._evidence import (
-    Deviation,
-    Evidence,
-    ExpectedSetDeviation,
-    InlineLimits,
-    MissingDeclaredOutput,
-    Output,
-    SurvivingDeclaredRemoval,
-    diff_identity,
-    referenced_digests,
-)
 from ._isolate import (
     ISOLATIONS,
     IsolatedCall,
@@ -36,9 +14,31 @@ from ._isolate import (
     record_isolation,
     resolve_isolation,
 )
-from ._measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
-from ._replay import Replayed, replay_outputs
-from ._sandbox import SandboxMode, SandboxResult, run_in_sandbox
+from .boundary import (
+    BoundaryMode,
+    Declaration,
+    Prepared,
+    ReadSetChanged,
+    ReadSetCheck,
+    ReadSetMatches,
+    check_read_set,
+    prepare,
+    settle,
+)
+from .evidence import (
+    Deviation,
+    Evidence,
+    ExpectedSetDeviation,
+    InlineLimits,
+    MissingDeclaredOutput,
+    Output,
+    SurvivingDeclaredRemoval,
+    diff_identity,
+    referenced_digests,
+)
+from .measure import ABSENT, FileState, Measurer, MeasureStats, StatCache, sha256_file
+from .replay import Replayed, replay_outputs
+from .sandbox import SandboxMode, SandboxResult, run_in_sandbox
 
 __all__ = [
     "ISOLATIONS",

@@ -58,9 +58,9 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args
 
 from ..errors import BoundaryError, BoundaryRefusal
-from ..plan._fileset import entry_matches
+from ..plan.fileset import entry_matches
 from ..settings import Isolation  # what a step or node asks for: one definition
-from ._boundary import Declaration
+from .boundary import Declaration
 
 __all__ = [
     "ISOLATIONS",

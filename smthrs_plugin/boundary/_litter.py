@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BoundaryError
-from ._fsops import rmtree_force
+from .fsops import rmtree_force
 
 __all__ = [
     "EmptyRoot",

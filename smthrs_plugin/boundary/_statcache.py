@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["StatCache", "identity", "DEFAULT_RACY_WINDOW_NS", "STAT_CACHE_FILE"]
 
-log = logging.getLogger("smthrs_plugin.boundary._measure")
+log = logging.getLogger("smthrs_plugin.boundary.measure")
 
 #: 2 s covers coarse filesystem clocks (FAT keeps 2 s mtimes) and modest NFS clock skew.
 DEFAULT_RACY_WINDOW_NS = 2_000_000_000

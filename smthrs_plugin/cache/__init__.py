@@ -3,12 +3,12 @@ explain and maintenance (ls / verify / gc / revoke), and the publisher keys a sh
 
 from __future__ import annotations
 
-from ._admission import Admissible, Admission, NotAdmissible, admit, admit_entry, admit_settlement
-from ._dispatch import PROVENANCE_EVENT, CacheDispatcher
-from ._entry import ENTRY_FORMAT, CacheEntry, Undecodable, check_cacheable, decode_entry
-from ._local import LocalRow, LocalTier
-from ._maintenance import revoke
-from ._model import (
+from .admission import Admissible, Admission, NotAdmissible, admit, admit_entry, admit_settlement
+from .dispatch import PROVENANCE_EVENT, CacheDispatcher
+from .entry import ENTRY_FORMAT, CacheEntry, Undecodable, check_cacheable, decode_entry
+from .local import LocalRow, LocalTier
+from .maintenance import revoke
+from .model import (
     CacheDecision,
     DispatchRequest,
     DispatchResult,
@@ -21,9 +21,9 @@ from ._model import (
     UnverifiableEvidence,
     VerifiedHit,
 )
-from ._requests import declaration_of, node_request
-from ._shared import SharedTier
-from ._signing import Trust, generate_key_pair, load_private_key, parse_trusted_keys, workspace_key
+from .requests import declaration_of, node_request
+from .shared import SharedTier
+from .signing import Trust, generate_key_pair, load_private_key, parse_trusted_keys, workspace_key
 
 __all__ = [
     "Admissible",

@@ -55,17 +55,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from ..boundary._boundary import Declaration, ReadSetChanged, check_read_set
-from ..boundary._evidence import Evidence, normal_mode, referenced_digests
-from ..boundary._measure import ABSENT, Measurer
-from ..boundary._replay import check_replayable, replay_outputs
+from ..boundary.boundary import Declaration, ReadSetChanged, check_read_set
+from ..boundary.evidence import Evidence, normal_mode, referenced_digests
+from ..boundary.measure import ABSENT, Measurer
+from ..boundary.replay import check_replayable, replay_outputs
 from ..errors import ArtifactError, BoundaryError, ReplayError
-from ..plan._fileset import PathEntry, TreeArtifact, entry_matches
-from ..stores._artifacts import ArtifactStore, Corrupt
-from ._admission import NotAdmissible, admit_entry
-from ._entry import CacheEntry
-from ._model import ReplayFailed, StaleReadSet, Unmeasurable, UnverifiableEvidence
-from ._shared import SharedTier, same_store
+from ..plan.fileset import PathEntry, TreeArtifact, entry_matches
+from ..stores.artifacts import ArtifactStore, Corrupt
+from .admission import NotAdmissible, admit_entry
+from .entry import CacheEntry
+from .model import ReplayFailed, StaleReadSet, Unmeasurable, UnverifiableEvidence
+from .shared import SharedTier, same_store
 
 __all__ = [
     "Verified",

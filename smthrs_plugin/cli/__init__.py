@@ -18,9 +18,9 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import SmthrsError
-from . import _cache, _control, _plugins, _recover, _run, _runs, _serve, _watch, _worker
+from . import _cache, _control, _plugins, _recover, _run, _runs, _serve, _watch, worker
 from ._common import check_text_args, print_refusal
-from ._exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
+from .exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_DENIED", "EXIT_PARKED"]
 
@@ -53,7 +53,7 @@ def _root() -> None:
     """smthrs — durable execution for Prefect."""
 
 
-for _module in (_recover, _cache, _run, _runs, _watch, _worker, _plugins, _control, _serve):
+for _module in (_recover, _cache, _run, _runs, _watch, worker, _plugins, _control, _serve):
     _module.register(app)
 
 

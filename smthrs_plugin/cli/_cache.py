@@ -35,10 +35,10 @@ from ._common import (
 )
 from ._common import done as _done
 from ._common import refuse as _refuse
-from ._exits import EXIT_FAILED
+from .exits import EXIT_FAILED
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..cache._maintenance import VerifyReport
+    from ..cache.maintenance import VerifyReport
     from ..runtime import CacheTiers, Runtime
 
 __all__ = ["cache_app", "register"]
@@ -127,7 +127,7 @@ def ls(
     as_json: JsonOption = False,
 ) -> None:
     """List cache entries: local rows (newest first), and the shared tier's with --with-shared."""
-    from ..cache._maintenance import list_entries
+    from ..cache.maintenance import list_entries
 
     try:
         with _runtime("ls", db, workspace, artifacts, shared) as rt:
@@ -160,7 +160,7 @@ def explain(
 ) -> None:
     """Why the newest entry of a node (or key) missed: what changed since the previous entry of that node, and,
     when that entry was kept run-local (never served to another run), the admission rule it failed."""
-    from ..cache._explain import explain as explain_entry
+    from ..cache.explain import explain as explain_entry
 
     try:
         _lookup(node_or_key, "NODE_OR_KEY")
@@ -216,7 +216,7 @@ def verify(
 
 
 def _verify_with_progress(st: CacheTiers, with_shared: bool, *, show: bool) -> VerifyReport:
-    from ..cache._maintenance import verify as verify_cache
+    from ..cache.maintenance import verify as verify_cache
 
     shared = st.shared if with_shared else None
     if not show:
@@ -248,7 +248,7 @@ def gc(
     as_json: JsonOption = False,
 ) -> None:
     """Delete expired rows and every unreferenced blob older than --grace (never a referenced blob)."""
-    from ..cache._maintenance import gc as gc_cache
+    from ..cache.maintenance import gc as gc_cache
 
     try:
         grace_s = seconds(grace, "--grace")  # inf/nan/negative: refused before the runtime opens
@@ -289,7 +289,7 @@ def keygen(
 def _generate(directory: Path) -> tuple[Path, Path, Any]:
     """``generate_key_pair`` with the directory checked first and the file system's refusals typed: a path that is
     a file (perhaps the key itself) is never a directory to write into, and an unwritable one says so."""
-    from ..cache._signing import generate_key_pair
+    from ..cache.signing import generate_key_pair
 
     target = directory.expanduser()
     if target.exists() and not target.is_dir():
@@ -323,7 +323,7 @@ def revoke(
 ) -> None:
     """Revoke a cached result for every reader: a marker in the shared tier (readers re-execute; their local
     copies are dropped within SMTHRS_CACHE_REVOCATION_REFRESH_S), and this machine's local rows at once."""
-    from ..cache._maintenance import revoke as revoke_key
+    from ..cache.maintenance import revoke as revoke_key
 
     try:
         _lookup(key_or_node, "KEY_OR_NODE")

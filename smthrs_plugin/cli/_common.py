@@ -29,7 +29,7 @@ import typer
 
 from ..errors import ControlError, InvalidInput, SettingsError, SmthrsError, StoreError, passing_fault
 from ..settings import load_settings
-from ._exits import refusal_exit
+from .exits import refusal_exit
 
 __all__ = [
     "DbOption",

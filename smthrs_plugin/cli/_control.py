@@ -10,7 +10,7 @@
     smthrs cancel RUN_ID [--as ID/KIND] [--reason TEXT]
 
 (``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/run.py``.) Invariant: each command opens the runtime named
-by its options, calls ONE method of :class:`~smthrs_plugin.control._control.Control` and prints its answer — a
+by its options, calls ONE method of :class:`~smthrs_plugin.control.facade.Control` and prints its answer — a
 rich table and a headline, or ONE JSON object with ``--json`` — and exits with the code of
 :mod:`._control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
 decides and the approval authority (default: only ``local/operator``) judges it.
@@ -40,7 +40,7 @@ from smthrs_plugin.cli._common import (
     db_url,
     existing_db_url,
 )
-from smthrs_plugin.cli._control_support import (
+from smthrs_plugin.cli.control_support import (
     Held,
     PlanLauncher,
     answer,
@@ -53,7 +53,7 @@ from smthrs_plugin.cli._control_support import (
 from smthrs_plugin.errors import ControlError, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from smthrs_plugin.control._control import Control
+    from smthrs_plugin.control.facade import Control
 
 __all__ = ["register", "plan_command", "approve_command", "deny_command", "resume_command", "cancel_command"]
 
@@ -144,7 +144,7 @@ def card_of_file(
     import stat
 
     from smthrs_plugin.errors import PlanError
-    from smthrs_plugin.scheduler._planfile import read_plan_file
+    from smthrs_plugin.scheduler.planfile import read_plan_file
 
     try:
         mode = plan_file.stat().st_mode
@@ -174,7 +174,7 @@ def card_of_file(
 def _decision(control: Control, target: Any) -> str | None:
     """The recorded decision on ``target`` now (``approved`` | ``denied`` | None): what makes a retried ``deny``
     exit 3 every time, whatever receipt it got (``_exits.exit_code``)."""
-    from smthrs_plugin.control._authority import NodeTarget
+    from smthrs_plugin.control.authority import NodeTarget
 
     if isinstance(target, NodeTarget):
         for r in control.show(target.run_id).requests:
@@ -211,7 +211,7 @@ def _decide(
                 receipt = control.approve(target, scope=scope, idempotency_key=key, principal=principal)
             else:
                 receipt = control.deny(target, idempotency_key=key, principal=principal)
-            from smthrs_plugin.control._authority import PlanTarget
+            from smthrs_plugin.control.authority import PlanTarget
 
             code = answer(
                 control,
@@ -241,7 +241,7 @@ def approve_command(
 ) -> None:
     """Approve a plan card (its launch) or a run's node request (the run resumes)."""
     if scope is not None:
-        from smthrs_plugin.control._approvals import check_scope
+        from smthrs_plugin.control.approvals import check_scope
 
         try:
             check_scope(scope)  # refused input (exit 2), before the database is opened or the authority asked
@@ -321,9 +321,9 @@ def _resume_flow(
 ) -> int:
     """``resume --flow``: the receipt as for any resume (Terminal / Parked answered before anything runs), then
     ONE drive of the run with the flow's code in this process; the answer reads the run's state after it."""
-    from smthrs_plugin.cli._worker import drive_one, parse_flow_spec
-    from smthrs_plugin.control._receipts import Accepted, AlreadyApplied
-    from smthrs_plugin.hosts._steprun import step_settings
+    from smthrs_plugin.cli.worker import drive_one, parse_flow_spec
+    from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
+    from smthrs_plugin.prefect.steprun import step_settings
     from smthrs_plugin.runtime import open_runtime
 
     try:
@@ -429,7 +429,7 @@ def run_with_key(
 def _finish(control: Control, receipt: Any, relaunch: Any, *, wait: bool) -> Held | None:
     """After a run/resume receipt: finish the run it names or follow it to its end (``_control_support.follow``);
     a ``Parked``/``Conflict``/``Terminal`` answer has nothing to finish."""
-    from smthrs_plugin.control._receipts import Accepted, AlreadyApplied
+    from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
 
     if not isinstance(receipt, (Accepted, AlreadyApplied)) or receipt.run_id is None:
         return None

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from smthrs_plugin.cli._common import JsonOption, done, refuse
-from smthrs_plugin.cli._exits import EXIT_OK
+from smthrs_plugin.cli.exits import EXIT_OK
 from smthrs_plugin.errors import SmthrsError
 
 __all__ = ["register", "list_plugins"]
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
 
 def list_plugins(as_json: JsonOption = False) -> None:
     """List the loaded smthrs plugins (entry-point group ``smthrs``), their hooks, actions and hosts."""
-    from smthrs_plugin.hooks._manager import new_plugins
+    from smthrs_plugin.hooks.manager import new_plugins
     from smthrs_plugin.settings import load_settings
 
     try:

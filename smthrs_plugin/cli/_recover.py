@@ -37,8 +37,8 @@ def recover_backup(
     as_json: JsonOption = False,
 ) -> None:
     """Online backup of a SQLite store (manifest written last). PostgreSQL: use pg_dump."""
-    from ..engine._recovery import backup
-    from ..stores._database import open_database
+    from ..engine.recovery import backup
+    from ..stores.database import open_database
 
     try:
         written = backup(open_database(_existing_db_url(db, "recover backup")), directory)
@@ -58,7 +58,7 @@ def recover_verify(
     as_json: JsonOption = False,
 ) -> None:
     """Check a backup (manifest, digest, SQLite integrity, schema) without restoring it."""
-    from ..engine._recovery import verify
+    from ..engine.recovery import verify
 
     try:
         verified = verify(directory)
@@ -84,7 +84,7 @@ def recover_restore(
     as_json: JsonOption = False,
 ) -> None:
     """Restore a backup into the SQLite store and fence it (pre-backup owners lose every run)."""
-    from ..engine._recovery import restore
+    from ..engine.recovery import restore
 
     try:
         restored = restore(directory, _db_url(db), force=force, fence_runs=not no_fence)
@@ -106,8 +106,8 @@ def recover_restore(
 @recover_app.command("fence")
 def recover_fence(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Clear pending claims and release every running run (after a restore done outside smthrs, e.g. pg_restore)."""
-    from ..engine._recovery import fence
-    from ..stores._database import open_database
+    from ..engine.recovery import fence
+    from ..stores.database import open_database
 
     try:
         fenced = fence(open_database(_existing_db_url(db, "recover fence")))

@@ -3,7 +3,7 @@ host, or (``--prefect``) inside a Prefect flow run, one task run per node dispat
 
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
 result: a line per node, or ONE JSON object with ``--json`` (``run_id``, ``plan_id``, ``digest``,
-``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/_exits.py``): 0 the
+``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/exits.py``): 0 the
 run completed (every node built or clean), 1 a node failed (its body raised, its command exited non-zero; or it
 was skipped) or the run was cancelled, 2 a refused input (any typed ``SmthrsError``: a malformed plan file names
 its line and field), 75 the run parked on a timer node (``wait:``) beyond the in-process budget — run again with
@@ -38,8 +38,8 @@ import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption, check_workspace, db_url
 from smthrs_plugin.cli._common import refuse as _refuse
-from smthrs_plugin.cli._exits import exit_code
-from smthrs_plugin.engine._context import RunCancelled, RunParked
+from smthrs_plugin.cli.exits import exit_code
+from smthrs_plugin.engine.context import RunCancelled, RunParked
 from smthrs_plugin.errors import FenceLost, SmthrsError, passing_fault
 
 __all__ = ["register", "run_plan_file"]
@@ -74,7 +74,7 @@ def _faulted(run_id: str, exc: SmthrsError, fault: SmthrsError) -> SmthrsError:
 
 
 def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
-    from smthrs_plugin.engine._context import RunParked
+    from smthrs_plugin.engine.context import RunParked
 
     payload: dict[str, Any] = {"run_id": getattr(stopped, "run_id", None)}
     if isinstance(stopped, RunParked):
@@ -137,7 +137,7 @@ def run_plan_file(
     """Run a plan file and print its report (on the local host, or as a Prefect flow run with --prefect)."""
     from smthrs_plugin.errors import SchedulerError
     from smthrs_plugin.runtime import open_runtime
-    from smthrs_plugin.scheduler._planfile import read_plan_file
+    from smthrs_plugin.scheduler.planfile import read_plan_file
 
     try:
         check_workspace(
@@ -184,7 +184,7 @@ def run_plan_file(
             rid = run_id or f"{pf.plan.plan_id}-{uuid.uuid4().hex[:8]}"
             caps = {"steps": steps, "agents": agents}
             if prefect:
-                from smthrs_plugin.hosts.prefect import run_plan_in_flow
+                from smthrs_plugin.prefect.host import run_plan_in_flow
 
                 report = run_plan_in_flow(rt, rid, pf.plan, pf.executor, concurrency=caps)
             else:

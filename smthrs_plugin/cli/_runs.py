@@ -1,6 +1,6 @@
 """``smthrs runs [filters] [--limit N] [--cursor C] [--json]`` and ``smthrs show RUN [--json]`` — the run catalog.
 
-Invariant: ``runs`` is one call of :func:`smthrs_plugin.observe._catalog.list_runs` (filters applied in SQL, pages
+Invariant: ``runs`` is one call of :func:`smthrs_plugin.observe.catalog.list_runs` (filters applied in SQL, pages
 in creation order) and ``show`` one call of :func:`smthrs_plugin.observe.snapshot.read`; each prints a human text
 or ONE JSON object. ``runs`` prints the cursor of the next page (pass it back with ``--cursor`` and the SAME
 filters). Exit codes: 0 done; 2 refused input (bad filter, limit or cursor), a SQLite database that does not exist
@@ -22,7 +22,7 @@ from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import done as _done
 from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
-from smthrs_plugin.cli._exits import EXIT_REFUSED
+from smthrs_plugin.cli.exits import EXIT_REFUSED
 from smthrs_plugin.errors import ControlError, SmthrsError
 
 __all__ = ["register", "list_runs_command", "show_run"]
@@ -58,8 +58,8 @@ def list_runs_command(
     as_json: JsonOption = False,
 ) -> None:
     """List runs in creation order, a page at a time."""
-    from smthrs_plugin.observe._catalog import ANY, RunFilters, list_runs
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.observe.catalog import ANY, RunFilters, list_runs
+    from smthrs_plugin.stores.database import open_database
 
     try:
         if parent is not None and roots:
@@ -106,7 +106,7 @@ def show_run(
 ) -> None:
     """Show one run: status, flow, times, parent, lineage, wait and cancellation."""
     from smthrs_plugin.observe.snapshot import Missing, read
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.stores.database import open_database
 
     try:
         batch = read(open_database(_existing_db_url(db, "show")), [run_id])

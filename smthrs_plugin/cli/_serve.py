@@ -6,11 +6,11 @@
                  [--header-timeout S] [--body-timeout S] [--max-connections N] [--max-client-connections N]
     smthrs signal RUN NAME --value JSON [--key K] [--as ID/KIND] [--json]
 
-Invariant: ``serve`` is one call of :func:`smthrs_plugin.serve._server.run_server` (typed refusals — a network bind
+Invariant: ``serve`` is one call of :func:`smthrs_plugin.serve.server.run_server` (typed refusals — a network bind
 without a credential, a token file that is not a small regular file, a limit out of range, a port in use — exit 2
 before anything listens; SIGTERM/SIGINT exit 0); ``signal`` is one call
-of :meth:`~smthrs_plugin.control._control.Control.signal` and prints the object the ``signal`` JSON-RPC method
-answers (``serve/_wire.py``). Exit codes: ``signal`` 0 when the value is delivered (now, or by an identical earlier
+of :meth:`~smthrs_plugin.control.facade.Control.signal` and prints the object the ``signal`` JSON-RPC method
+answers (``serve/wire.py``). Exit codes: ``signal`` 0 when the value is delivered (now, or by an identical earlier
 call: ``Accepted``/``AlreadyApplied``); 2 for refused input, an unknown run, a ``Conflict`` (the key already names
 another signal), an already-answered wait or a settled run (``Terminal``: nothing was delivered).
 
@@ -26,10 +26,10 @@ from typing import Annotated
 import typer
 
 from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption, existing_db_url
-from smthrs_plugin.cli._control_support import fail, parse_principal
-from smthrs_plugin.cli._exits import EXIT_OK, exit_code
+from smthrs_plugin.cli.control_support import fail, parse_principal
+from smthrs_plugin.cli.exits import EXIT_OK, exit_code
 from smthrs_plugin.errors import SmthrsError
-from smthrs_plugin.serve._limits import (
+from smthrs_plugin.serve.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CLIENT_CONNECTIONS,
@@ -109,8 +109,8 @@ def serve_command(
 ) -> None:
     """Serve the control plane over HTTP: JSON-RPC verbs at /rpc, run events at /projections, the review page at /."""
     try:
-        from smthrs_plugin.serve._limits import ConnectionLimits
-        from smthrs_plugin.serve._server import run_server
+        from smthrs_plugin.serve.limits import ConnectionLimits
+        from smthrs_plugin.serve.server import run_server
 
         limits = ConnectionLimits(
             header_timeout_s=header_timeout,
@@ -150,7 +150,7 @@ def signal_command(
 ) -> None:
     """Deliver a value to a run's wait (what sp.wait_for(NAME) returns); a run parked on it wakes."""
     from smthrs_plugin.runtime import open_runtime
-    from smthrs_plugin.serve._wire import loads_json, receipt_payload
+    from smthrs_plugin.serve.wire import loads_json, receipt_payload
 
     try:
         decoded = loads_json(value, "--value")  # refused (exit 2) before the database is opened

@@ -1,6 +1,6 @@
 """``smthrs watch RUN [--follow] [--after-cursor C] [--max-events N] [--json]`` — a run's journal as events.
 
-Invariant: one library entry point (:func:`smthrs_plugin.observe._watch.watch`), always called with an explicit
+Invariant: one library entry point (:func:`smthrs_plugin.observe.watch.watch`), always called with an explicit
 ``follow`` — the command's default is the snapshot (a shell user expects a command to end), while the library's
 default is the live stream. Without ``--follow`` the command prints the finite snapshot and exits 0: a line per
 event, or ONE JSON object ``{"run_id", "events", "cursor"}`` (``cursor`` resumes after the last event; the one
@@ -53,8 +53,8 @@ def watch_run(
     as_json: JsonOption = False,
 ) -> None:
     """Print the journal of RUN_ID as events: the snapshot by default, the live stream with --follow."""
-    from smthrs_plugin.observe._watch import require_watchable, watch
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.observe.watch import require_watchable, watch
+    from smthrs_plugin.stores.database import open_database
 
     events: list[dict[str, Any]] = []
     seen = 0

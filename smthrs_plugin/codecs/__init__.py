@@ -37,7 +37,7 @@ from __future__ import annotations
 from ._builtin import INLINE_LIMIT, builtin_codecs
 from ._imports import class_path, resolve_class
 from ._paths import path_arguments
-from ._registry import (
+from .registry import (
     HOOK_NAME,
     JSON,
     MARKER,

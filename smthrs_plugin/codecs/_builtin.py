@@ -44,7 +44,7 @@ from ..canonical import canonical_bytes
 from ..errors import CanonicalError, CodecError
 from ._imports import class_path, resolve_class
 from ._paths import PathCodec
-from ._registry import JSON, MARKER, BlobSink, BlobSource, CodecRegistry, type_name
+from .registry import JSON, MARKER, BlobSink, BlobSource, CodecRegistry, type_name
 
 __all__ = ["INLINE_LIMIT", "builtin_codecs"]
 
@@ -601,7 +601,7 @@ def builtin_codecs() -> list[Any]:
     installed."""
     codecs = _core_codecs()
     try:
-        from ._frames import frame_codecs, scalar_codecs
+        from .frames import frame_codecs, scalar_codecs
     except ModuleNotFoundError as exc:
         # Only the optional module itself being absent is tolerated (a partial checkout); any other import
         # failure inside it propagates.

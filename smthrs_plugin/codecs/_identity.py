@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ._registry import JSON
+from .registry import JSON
 
 __all__ = ["forget_identities", "carry"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..canonical import MAX_DEPTH
 from ..errors import CodecError
-from ._registry import JSON, BlobSink, BlobSource, CodecRegistry, type_name
+from .registry import JSON, BlobSink, BlobSource, CodecRegistry, type_name
 
 __all__ = ["PathCodec", "path_arguments"]
 

@@ -14,8 +14,9 @@ a durable wait: it is ``sp.require_approval``. Everything else is internal; impo
 
 from __future__ import annotations
 
-from ._approvals import Approved, Denied, PendingApproval, TokenState
-from ._authority import (
+from ._cards import CardNode, Envelope, PlanApproval, PlanCard
+from .approvals import Approved, Denied, PendingApproval, TokenState
+from .authority import (
     DEFAULT_AUTHORITY,
     ApprovalAuthority,
     AuthorityRequest,
@@ -26,10 +27,9 @@ from ._authority import (
     PlanTarget,
     Unauthorized,
 )
-from ._cards import CardNode, Envelope, PlanApproval, PlanCard
-from ._control import Control
-from ._identity import LOCAL_OPERATOR, Mutation, Principal
-from ._receipts import (
+from .facade import Control
+from .identity import LOCAL_OPERATOR, Mutation, Principal
+from .receipts import (
     Accepted,
     AlreadyApplied,
     Conflict,

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..canonical import canonical_bytes, sha256_hex
 from ..errors import ControlError
-from ._identity import JSON, check_text, decode_input, refuse, type_name
+from .identity import JSON, check_text, decode_input, refuse, type_name
 
 __all__ = [
     "Envelope",

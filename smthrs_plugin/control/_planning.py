@@ -23,11 +23,11 @@ from sqlalchemy.engine import Connection
 from ..canonical import sha256_hex
 from ..errors import ControlError
 from ..plan import Plan, verify_plan
-from ..records._journal import Journal, plan_partition
+from ..records.journal import Journal, plan_partition
 from . import _store as st
-from ._approvals import gate_spec
 from ._cards import CardNode, Envelope, PlanCard
-from ._identity import Principal, decode_input
+from .approvals import gate_spec
+from .identity import Principal, decode_input
 
 __all__ = ["probe_card", "mint_card_in", "retired_in"]
 

@@ -1,10 +1,10 @@
 """The control plane's records as control-plane types: cards, approval tokens, decisions, grants, receipts,
 admitted runs, resumes.
 
-The rows themselves are owned by :mod:`smthrs_plugin.records._control` (all of their SQL, the decoding of their
+The rows themselves are owned by :mod:`smthrs_plugin.records.control` (all of their SQL, the decoding of their
 columns); this module turns those records into the control plane's own types (``PlanCard``, ``Envelope``,
 ``Principal``, ``Accepted``) and back. Every ``*_in`` function reads or writes on the caller's connection, so the
-facade (``_control.py``) and the approvals (``_approvals.py``) compose several of them into ONE transaction (a
+facade (``_control.py``) and the approvals (``approvals.py``) compose several of them into ONE transaction (a
 decision, its grant, its journal record, its receipt and its resume delegation commit together or not at all).
 
 Invariants
@@ -13,7 +13,7 @@ Invariants
   decision" would let a denied request run); nothing is repaired silently.
 - A token is decided at most once: :func:`insert_decision_in` refuses a second decision with
   ``ControlError(already_resolved)`` (the primary key makes the first writer win under concurrency too).
-- Only ``Accepted`` receipts are stored (``_receipts.py``); replays are computed from the stored row.
+- Only ``Accepted`` receipts are stored (``receipts.py``); replays are computed from the stored row.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..errors import ControlError, SmthrsError
-from ..records import _control as rc
-from ..records._control import canonical_text, loads, new_id
+from ..records import control as rc
+from ..records.control import canonical_text, loads, new_id
 from ._cards import CardNode, Envelope, PlanCard
-from ._identity import JSON, Principal
-from ._receipts import Accepted, receipt_from_dict
+from .identity import JSON, Principal
+from .receipts import Accepted, receipt_from_dict
 
 __all__ = [
     "CardRow",

@@ -21,8 +21,8 @@ documents them::
 
 from __future__ import annotations
 
-from ._manager import PluginInfo, Plugins, get_plugins, new_plugins, reset_plugins
-from ._specs import (
+from .manager import PluginInfo, Plugins, get_plugins, new_plugins, reset_plugins
+from .specs import (
     ENTRY_POINT_GROUP,
     ApprovalAuthority,
     AuthorityVerdict,

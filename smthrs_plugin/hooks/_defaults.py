@@ -1,8 +1,8 @@
 """The built-in implementations, registered first and answering last (``trylast``): any installed plugin that
 answers a ``firstresult`` hook overrides them.
 
-- reconciler: :class:`~smthrs_plugin.scheduler._reconcile.DefaultReconciler` (Reorder / FactorOut / Fail);
-- liveness: :class:`~smthrs_plugin.engine.ownership._liveness.LeaseLiveness` (the only evidence every host has);
+- reconciler: :class:`~smthrs_plugin.scheduler.reconcile.DefaultReconciler` (Reorder / FactorOut / Fail);
+- liveness: :class:`~smthrs_plugin.engine.ownership.liveness.LeaseLiveness` (the only evidence every host has);
 - approval authority: ``control.authority.DEFAULT_AUTHORITY`` — only principal ``local/operator`` may decide
   (seeds/001 "Who may decide"; delegations are ``control.authority.DelegatedAuthority``).
 
@@ -10,7 +10,7 @@ No run waker is built in (``smthrs_run_waker``): a run no plugin's host continue
 ``smthrs worker`` or a resume, which read the durable wake themselves.
 
 Hosts are not built in here: without a selecting provider the scheduler keeps its local thread pool, and the
-Prefect host is itself a plugin announced by this distribution's own ``smthrs`` entry point (``hosts`` sits above
+Prefect host is itself a plugin announced by this distribution's own ``smthrs`` entry point (``prefect`` sits above
 ``hooks`` in the layering, so it is discovered, never imported from here).
 """
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..control._authority import DEFAULT_AUTHORITY
-from ..engine.ownership._liveness import LeaseLiveness, LivenessCheck
-from ..scheduler._reconcile import DefaultReconciler, Reconciler
+from ..control.authority import DEFAULT_AUTHORITY
+from ..engine.ownership.liveness import LeaseLiveness, LivenessCheck
+from ..scheduler.reconcile import DefaultReconciler, Reconciler
 from ..settings import Settings
-from ._specs import hookimpl
+from .specs import hookimpl
 
 __all__ = ["BuiltinPlugin", "BUILTIN_NAME"]
 

@@ -17,8 +17,8 @@ from .._metrics import (
     NODE_OUTCOMES,
     attribute_value,
 )
-from ._catalog import RunFilters, RunPage, list_runs
-from ._metrics import (
+from .catalog import RunFilters, RunPage, list_runs
+from .metrics import (
     INSTRUMENT_NAMES,
     NULL_METRICS,
     Listener,
@@ -29,7 +29,7 @@ from ._metrics import (
     exit_tag,
     observe,
 )
-from ._watch import ControlEvent, watch
+from .watch import ControlEvent, watch
 
 __all__ = [
     "BOUNDARY_SETTLEMENTS",

@@ -31,8 +31,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..errors import ControlError
-from ..records._runs import changes_after_in, changes_at_in
-from ..stores._database import Database
+from ..records.runs import changes_after_in, changes_at_in
+from ..stores.database import Database
 from ._cursor import check_limit, check_text
 from .snapshot import is_newer, watermark_of
 

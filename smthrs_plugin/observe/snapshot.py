@@ -31,9 +31,9 @@ from typing import Any, Literal, Protocol
 from sqlalchemy.engine import Connection
 
 from ..errors import ControlError, InvalidInput
-from ..records._run_dag import child_keys_in, first_parents_in
-from ..records._runs import RunRecord, records_in, round_keys_in, tombstone_revisions_in, watermark_in
-from ..stores._database import Database
+from ..records.run_dag import child_keys_in, first_parents_in
+from ..records.runs import RunRecord, records_in, round_keys_in, tombstone_revisions_in, watermark_in
+from ..stores.database import Database
 from ._cursor import check_limit, check_text, decode_cursor, encode_cursor
 
 __all__ = [

@@ -13,12 +13,12 @@ read compiled nodes. Nothing here touches a database, a file or the network.
 
 from __future__ import annotations
 
-from ._admission import Concurrency
-from ._compile import append_plan, compile_plan, verify_plan
-from ._fileset import Filegroup, Glob, TreeArtifact
-from ._graph import RuntimeGraph
-from ._keys import ABSENT
-from ._model import Input, NodeDraft, Pending, Plan, PlanNode, Ref, Value, WriteConflict, node
+from .admission import Concurrency
+from .compile import append_plan, compile_plan, verify_plan
+from .fileset import Filegroup, Glob, TreeArtifact
+from .graph import RuntimeGraph
+from .keys import ABSENT
+from .model import Input, NodeDraft, Pending, Plan, PlanNode, Ref, Value, WriteConflict, node
 
 # A constant input is a `Value` (`Literal` would shadow typing.Literal) and a compiled node's overlap annotation a
 # `WriteConflict` (`Conflict` is the control plane's receipt): one name per concept across the public namespaces.

@@ -27,8 +27,8 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from ..canonical import KEY_PREFIX, canonical_bytes
-from ._fileset import Glob, TreeArtifact
-from ._model import Pending, Ref, Value
+from .fileset import Glob, TreeArtifact
+from .model import Pending, Ref, Value
 
 __all__ = ["Slow", "text", "value", "effects", "plan_key", "digest_node", "digest"]
 

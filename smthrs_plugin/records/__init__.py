@@ -7,9 +7,9 @@ composes one transaction (a fenced run update and its journal record commit toge
 types. Nothing here imports ``engine`` or anything above it.
 """
 
-from ._attempts import AttemptStore
-from ._journal import Journal
-from ._runs import RunStore
-from ._waits import WaitStore
+from .attempts import AttemptStore
+from .journal import Journal
+from .runs import RunStore
+from .waits import WaitStore
 
 __all__ = ["AttemptStore", "Journal", "RunStore", "WaitStore"]

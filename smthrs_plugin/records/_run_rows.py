@@ -1,4 +1,4 @@
-"""The run row's shape, as the runs owner (:mod:`smthrs_plugin.records._runs`) reads and writes it.
+"""The run row's shape, as the runs owner (:mod:`smthrs_plugin.records.runs`) reads and writes it.
 
 Invariants:
 
@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Row
 from ..canonical import canonical_bytes
 from ..errors import CanonicalError, StoreError
 from ..settings import Settings, load_settings
-from ..stores._schema import RUN_STATUSES, TERMINAL_STATUSES, runs
+from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, runs
 
 __all__ = [
     "OwnerId",

@@ -7,12 +7,12 @@ reads the YAML plan format.
 
 from __future__ import annotations
 
-from ._cancel import CancelToken
-from ._host import Host, InlineHost, ThreadHost
 from ._inputs import environment_fingerprint, normalize_environment
-from ._job import JobOutcome, NodeJob
-from ._model import AlreadyRecorded, NodeInput, Recorded, RecordResult, Report, Settlement
-from ._reconcile import (
+from .cancel import CancelToken
+from .host import Host, InlineHost, ThreadHost
+from .job import JobOutcome, NodeJob
+from .model import AlreadyRecorded, NodeInput, Recorded, RecordResult, Report, Settlement
+from .reconcile import (
     ConflictCase,
     DefaultReconciler,
     Deviation,
@@ -23,7 +23,7 @@ from ._reconcile import (
     Reorder,
     Verdict,
 )
-from ._scheduler import Executor, PlanScheduler, RunLifecycle
+from .scheduler import Executor, PlanScheduler, RunLifecycle
 
 __all__ = [
     "AlreadyRecorded",

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
-from ..stores._database import Database
-from ..stores._dberrors import RETRY_SQLSTATES, sqlstate, store_error
+from ..stores.database import Database
+from ..stores.dberrors import RETRY_SQLSTATES, sqlstate, store_error
 
 __all__ = ["CommitQueue"]
 

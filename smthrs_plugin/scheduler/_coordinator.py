@@ -52,7 +52,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from .._metrics import Observer
-from ..engine._context import RunParked
+from ..engine.context import RunParked
 from ..errors import (
     ArtifactError,
     BoundaryError,
@@ -64,12 +64,13 @@ from ..errors import (
     StoreError,
 )
 from ..plan import Plan, RuntimeGraph
-from ..plan._admission import Admission
-from ..plan._graph import Propagation
-from ._job import JobOutcome, error_line, is_conflict
+from ..plan.admission import Admission
+from ..plan.graph import Propagation
 from ._merge import MergeElaborator
-from ._model import Outcome, Report
-from ._reconcile import (
+from ._session import Prep, RunSession
+from .job import JobOutcome, error_line, is_conflict
+from .model import Outcome, Report
+from .reconcile import (
     ConflictCase,
     Deviation,
     FactorOut,
@@ -80,8 +81,7 @@ from ._reconcile import (
     deviations_of,
     judge_all,
 )
-from ._session import Prep, RunSession
-from ._timer import is_timer
+from .timer import is_timer
 
 __all__ = ["Coordinator", "conflict_strategy", "map_error"]
 
@@ -93,7 +93,7 @@ def conflict_strategy(plan: Plan, node_id: str, paths: Iterable[str]) -> tuple[s
     """The runtime strategy for a materialisation conflict of ``node_id`` on ``paths``, and the peers (plan order)
     it races: the lane pairs whose other member produces one of those paths (``stop-merge`` if any such pair
     says so), else every lane peer; with no lane pair, the node's own ``runtime_strategy``."""
-    from ..plan._fileset import entry_matches
+    from ..plan.fileset import entry_matches
 
     node = plan.node(node_id)
     pairs: list[tuple[str, str]] = [(c.with_, c.runtime) for c in node.conflicts if c.strategy == "lane"]

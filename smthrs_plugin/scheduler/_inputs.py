@@ -36,11 +36,11 @@ from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, key
 from ..errors import CanonicalError, SchedulerError
 from ..plan import ABSENT, Plan
-from ..plan._fileset import PathEntry, entry_json
-from ..plan._overlap import produced_reads
-from ..records import _plans as plan_records
-from ..records._plans import MergeDecision, MergeStore
-from ..stores._database import Database
+from ..plan.fileset import PathEntry, entry_json
+from ..plan.overlap import produced_reads
+from ..records import plans as plan_records
+from ..records.plans import MergeDecision, MergeStore
+from ..stores.database import Database
 
 __all__ = [
     "normalize_environment",

@@ -25,19 +25,19 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from ..boundary._measure import Measurer
+from ..boundary.measure import Measurer
 from ..errors import BoundaryError, PlanError, SchedulerError
 from ..plan import NodeDraft, Pending, Plan, PlanNode, append_plan
-from ..plan._model import KeyMaterial
-from ..records._runs import assert_owner
+from ..plan.model import KeyMaterial
+from ..records.runs import assert_owner
 from ._inputs import InputStore, MergeDecision, MergeStore, classify_reads, entry_id, unpinned_sources
-from ._plans import PlanStore, generation_digests
+from .plans import PlanStore, generation_digests
 
 if t.TYPE_CHECKING:  # pragma: no cover
     from ..plan import RuntimeGraph
-    from ..plan._graph import Propagation
-    from ._model import Outcome
+    from ..plan.graph import Propagation
     from ._session import RunSession
+    from .model import Outcome
 
 
 class Coordinator(t.Protocol):

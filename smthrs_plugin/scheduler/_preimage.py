@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..boundary._measure import Measurer
-from ..plan._model import Effects
-from ..stores._artifacts import ArtifactStore
+from ..boundary.measure import Measurer
+from ..plan.model import Effects
+from ..stores.artifacts import ArtifactStore
 
 __all__ = ["PreImage", "Restored", "capture_preimage", "restore_preimage"]
 

@@ -10,7 +10,7 @@ Invariants
   decided, together with the settle transactions this process's jobs queued meanwhile (``_commits.py``; each
   in its own savepoint, after the buffered writes). Batching never splits a settlement from its attempt row: a
   dispatched node's attempt row, ``attempt-finished`` and final ``node-settled`` commit in the dispatch seam's
-  transaction (``_job.py``), and nothing is reported before that commit.
+  transaction (``job.py``), and nothing is reported before that commit.
 - A job is submitted after the transaction that began its attempt row committed — except a **pipelined** job
   (a sealed, non-timer node on a host whose jobs share this process, ``Host.shares_process``): it starts at
   once, and its begin commits in the same transaction as its own settlement or an earlier one (both go
@@ -44,30 +44,30 @@ from sqlalchemy.engine import Connection
 
 from .._metrics import MetricsPort
 from ..boundary import Declaration
-from ..cache._model import DispatchRequest
-from ..cache._requests import build_request
-from ..cache._requests import declaration_of as request_declaration
+from ..cache.model import DispatchRequest
+from ..cache.requests import build_request
+from ..cache.requests import declaration_of as request_declaration
 from ..canonical import canonical_bytes
 from ..errors import ArtifactError, BoundaryError, SchedulerError, passing_fault
 from ..plan import Plan, PlanNode
-from ..plan._keys import resolve_refs
-from ..records._attempts import AttemptRecord, AttemptStore
-from ..records._journal import Journal
-from ..records._run_fence import fenced_block
-from ..records._runs import OwnerId, assert_owner
-from ..stores._artifacts import ArtifactStore
-from ..stores._database import Database
-from ._cancel import CancelToken
+from ..plan.keys import resolve_refs
+from ..records.attempts import AttemptRecord, AttemptStore
+from ..records.journal import Journal
+from ..records.run_fence import fenced_block
+from ..records.runs import OwnerId, assert_owner
+from ..stores.artifacts import ArtifactStore
+from ..stores.database import Database
 from ._commits import CommitQueue
 from ._inputs import Pins, ReadPlan
-from ._job import NodeJob, SettleSpec, error_line, settled_payload
-from ._model import Outcome, Report, Settlement
 from ._preimage import PreImage, capture_preimage, restore_preimage
-from ._reconcile import Deviation, Reconciler, Verdict, verdict_json
-from ._timer import TIMER_DISPATCHER, check_wait_spec, is_timer, run_timer
+from .cancel import CancelToken
+from .job import NodeJob, SettleSpec, error_line, settled_payload
+from .model import Outcome, Report, Settlement
+from .reconcile import Deviation, Reconciler, Verdict, verdict_json
+from .timer import TIMER_DISPATCHER, check_wait_spec, is_timer, run_timer
 
 if t.TYPE_CHECKING:  # pragma: no cover
-    from ..boundary._measure import Measurer
+    from ..boundary.measure import Measurer
 
 __all__ = ["RunSession", "Prep", "SessionConfig"]
 

@@ -38,7 +38,7 @@ from ..errors import ControlError, InvalidInput, SmthrsError
 from ..runtime import Runtime
 from ._auth import ServeAuth
 from ._projections import Projections
-from ._rpc import (
+from .rpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
     PARSE_ERROR,
@@ -48,7 +48,7 @@ from ._rpc import (
     error_response,
     parse_call,
 )
-from ._wire import MAX_BODY_BYTES
+from .wire import MAX_BODY_BYTES
 
 __all__ = ["create_app", "STATIC_DIR", "MAX_BODY_BYTES"]
 

@@ -12,7 +12,7 @@ Invariants
   credential, without an early exit) and never appears in a message, a log line, a URL or a response.
 - **The transport decides who acts.** An authenticated caller acts as the configured operator principal (default
   ``local/operator``, the identity the default approval authority recognises); a principal named in the request
-  is ignored (``_rpc.py`` drops it), so the token cannot be re-aimed at another identity.
+  is ignored (``rpc.py`` drops it), so the token cannot be re-aimed at another identity.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..control._identity import LOCAL_OPERATOR, Principal
+from ..control.identity import LOCAL_OPERATOR, Principal
 from ..errors import ControlError
 
 __all__ = [

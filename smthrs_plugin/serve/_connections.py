@@ -32,7 +32,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import ControlError
-from ._limits import ConnectionGate, ConnectionLimits
+from .limits import ConnectionGate, ConnectionLimits
 
 __all__ = ["guarded_protocol"]
 

@@ -5,7 +5,7 @@ its ``cursor``).
 
 Invariants
 - **Gap- and duplicate-free across reconnects** because nothing here keeps state of its own: every connection is one
-  :func:`~smthrs_plugin.observe._watch.watch` of one run, started strictly after the ``after_cursor`` the client
+  :func:`~smthrs_plugin.observe.watch.watch` of one run, started strictly after the ``after_cursor`` the client
   brings back (the last event it processed). Events are sent in the watch's order, one per line / message, so the
   last complete one a client received is exactly where it resumes.
 - **Refused before streaming**: a missing or malformed ``run_id``/``after_cursor``, a cursor of another run or
@@ -36,8 +36,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..errors import ControlError, InvalidInput, SmthrsError
-from ..observe._watch import ControlEvent, WatchStream, require_watchable, watch
-from ..stores._database import Database
+from ..observe.watch import ControlEvent, WatchStream, require_watchable, watch
+from ..stores.database import Database
 
 __all__ = ["Projections", "MAX_STREAMS", "IDLE_S", "open_projection"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from ..control import _store as st
-from ..control._approvals import (
+from ..control.approvals import (
     WAITING_APPROVAL_REASON,
     Approved,
     Denied,
@@ -35,12 +35,12 @@ from ..control._approvals import (
     gate_spec,
     state_of,
 )
-from ..control._control import Control
-from ..control._identity import JSON
+from ..control.facade import Control
+from ..control.identity import JSON
 from ..errors import ControlError
-from ..observe._catalog import RunFilters, list_runs
+from ..observe.catalog import RunFilters, list_runs
 from ..plan import Glob, Plan, PlanNode, TreeArtifact
-from ..plan._model import Pending
+from ..plan.model import Pending
 
 __all__ = ["pending_items", "card_view"]
 

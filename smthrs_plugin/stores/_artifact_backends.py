@@ -1,4 +1,4 @@
-"""Storage backends of :mod:`smthrs_plugin.stores._artifacts` (private).
+"""Storage backends of :mod:`smthrs_plugin.stores.artifacts` (private).
 
 Everything is plain fsspec except the create-if-absent primitive: local disk stages a temp file and
 ``os.link``\\ s it into place (EEXIST when the name exists), S3 sends ``If-None-Match: *`` on ``PUT`` and on

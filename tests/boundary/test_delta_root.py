@@ -1,4 +1,4 @@
-"""A worker's delta may never remove or replace the root of the tree it is applied to (boundary/_transfer.py): ``.``,
+"""A worker's delta may never remove or replace the root of the tree it is applied to (boundary/transfer.py): ``.``,
 ``""``, ``./`` — removed, or reported as a file, a link or a directory — are ``RemoteError(invalid_delta)``
 before a byte is written or removed, and the coordinator's sandbox is left exactly as it was. A delta writing
 under a path it reports as a file is refused the same way (it would otherwise fail half-way with an untyped
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from _trees import snapshot as tree_snapshot
 
-from smthrs_plugin.boundary._transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
+from smthrs_plugin.boundary.transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
 from smthrs_plugin.errors import RemoteError
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 ROOT_SPELLINGS = [".", "", "./"]
 

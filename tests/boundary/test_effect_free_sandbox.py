@@ -1,9 +1,9 @@
 """A step with no file effects (no reads, writes or removes) runs in a pooled empty root instead of a seeded tree
-(boundary/_sandbox.py, boundary/_litter.py). What it proves must not change: every test here either checks the
+(boundary/sandbox.py, boundary/_litter.py). What it proves must not change: every test here either checks the
 same facts the full sandbox gives, or runs the full sandbox beside it and compares.
 
 Out of scope, as for every sandbox: a body that opens an absolute path into the real workspace (the sandbox is a
-correctness tool, not a security boundary — boundary/_sandbox.py's module docstring)."""
+correctness tool, not a security boundary — boundary/sandbox.py's module docstring)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from smthrs_plugin.boundary import (
     run_in_sandbox,
 )
 from smthrs_plugin.cache import CacheDispatcher, Miss
-from smthrs_plugin.cache._requests import node_request
+from smthrs_plugin.cache.requests import node_request
 from smthrs_plugin.errors import BoundaryError, BoundaryRefusal
 from smthrs_plugin.plan import node
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
 EFFECT_FREE = Declaration()
 #: Not effect-free (it declares a read), but seeds nothing either: the full sandbox over the same empty tree.

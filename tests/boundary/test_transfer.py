@@ -1,4 +1,4 @@
-"""A sandbox tree as content of the artifact store (boundary/_transfer.py, issue 17): what remote execution ships to
+"""A sandbox tree as content of the artifact store (boundary/transfer.py, issue 17): what remote execution ships to
 a worker and what comes back. Real files, a real ``file://`` store and moto's real S3 server where the store's
 behaviour matters (verified reads, a blob deleted or replaced behind the store's back).
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from _trees import snapshot
 
-from smthrs_plugin.boundary._transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
+from smthrs_plugin.boundary.transfer import Delta, Entry, apply_delta, delta_of, hydrate, manifest_of, upload
 from smthrs_plugin.errors import ArtifactError, RemoteError
-from smthrs_plugin.stores._artifacts import ArtifactStore, Intact
+from smthrs_plugin.stores.artifacts import ArtifactStore, Intact
 
 #: A date no real clock shows as "now": 1970 and 2100.
 FAR_PAST_S = 0

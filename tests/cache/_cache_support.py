@@ -14,16 +14,16 @@ from smthrs_plugin._clock import SYSTEM_CLOCK, Clock
 from smthrs_plugin._metrics import NullMetrics
 from smthrs_plugin.boundary import InlineLimits, Measurer
 from smthrs_plugin.cache import CacheDispatcher, DispatchRequest, DispatchResult
-from smthrs_plugin.cache._bounds import SizeCaps
-from smthrs_plugin.cache._dispatch import PROVENANCE_EVENT
-from smthrs_plugin.cache._requests import node_request
-from smthrs_plugin.cache._shared import entry_name
-from smthrs_plugin.cache._signing import Trust, workspace_key
+from smthrs_plugin.cache.bounds import SizeCaps
+from smthrs_plugin.cache.dispatch import PROVENANCE_EVENT
+from smthrs_plugin.cache.requests import node_request
+from smthrs_plugin.cache.shared import entry_name
+from smthrs_plugin.cache.signing import Trust, workspace_key
 from smthrs_plugin.canonical import key_digest
-from smthrs_plugin.plan._model import NodeDraft
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.plan.model import NodeDraft
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import Database, open_database
 
 #: Small inline limits so even tiny outputs are spilled to the artifact store (blob paths are exercised).
 SPILL_ALL = InlineLimits(max_inline_bytes=0, max_total_inline_bytes=0)

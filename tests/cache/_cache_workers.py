@@ -9,9 +9,9 @@ from typing import Any
 from _cache_support import make_machine, upper, upper_node
 
 from smthrs_plugin.boundary import referenced_digests
-from smthrs_plugin.cache._shared import Candidate, check_document
-from smthrs_plugin.cache._signing import Trust, workspace_key
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.cache.shared import Candidate, check_document
+from smthrs_plugin.cache.signing import Trust, workspace_key
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 
 def publisher_trust(base: Path, i: int, publishers: int) -> Trust | None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from _cache_support import Machine, make_machine
 
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 
 @pytest.fixture

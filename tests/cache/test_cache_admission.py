@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from _cache_support import Machine, upper, upper_node
 
-from smthrs_plugin.boundary._evidence import Evidence, ExpectedSetDeviation, Output, diff_identity
+from smthrs_plugin.boundary.evidence import Evidence, ExpectedSetDeviation, Output, diff_identity
 from smthrs_plugin.cache import UnverifiableEvidence, VerifiedHit
-from smthrs_plugin.cache._admission import CONJUNCTS, Admissible, NotAdmissible, admit
-from smthrs_plugin.cache._entry import CacheEntry, Undecodable, check_cacheable, decode_entry
-from smthrs_plugin.cache._shared import sign_document
+from smthrs_plugin.cache.admission import CONJUNCTS, Admissible, NotAdmissible, admit
+from smthrs_plugin.cache.entry import CacheEntry, Undecodable, check_cacheable, decode_entry
+from smthrs_plugin.cache.shared import sign_document
 from smthrs_plugin.canonical import key, key_digest
 
 Machines = Callable[..., Machine]

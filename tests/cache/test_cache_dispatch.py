@@ -14,7 +14,7 @@ from smthrs_plugin.boundary import referenced_digests
 from smthrs_plugin.cache import CacheDispatcher, Miss, ReplayFailed, StaleReadSet, VerifiedHit
 from smthrs_plugin.canonical import key_digest
 from smthrs_plugin.errors import BoundaryRefusal, CacheError, MaterializationConflict
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 Machines = Callable[..., Machine]
 
@@ -288,7 +288,7 @@ def test_the_run_local_row_is_keyed_by_run_so_another_run_never_finds_it(machine
 
 
 def test_the_public_export_is_the_dispatcher() -> None:
-    assert CacheDispatcher.__module__ == "smthrs_plugin.cache._dispatch"
+    assert CacheDispatcher.__module__ == "smthrs_plugin.cache.dispatch"
 
 
 def test_a_read_that_cannot_be_re_measured_is_unmeasurable_and_the_failure_is_an_outcome(

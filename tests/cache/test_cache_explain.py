@@ -10,17 +10,17 @@ import pytest
 from _cache_support import make_machine, upper
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache._explain import Change, diff_components, explain, explain_request
-from smthrs_plugin.cache._local import LocalTier
+from smthrs_plugin.cache.explain import Change, diff_components, explain, explain_request
+from smthrs_plugin.cache.local import LocalTier
 from smthrs_plugin.canonical import is_key
 from smthrs_plugin.errors import CacheError
-from smthrs_plugin.hosts._step import step
-from smthrs_plugin.hosts._steprun import current_spec, step_settings
-from smthrs_plugin.hosts._workspace import Workspace
-from smthrs_plugin.plan._compile import compile_plan
-from smthrs_plugin.plan._model import Ref, Value, node
+from smthrs_plugin.plan.compile import compile_plan
+from smthrs_plugin.plan.model import Ref, Value, node
+from smthrs_plugin.prefect.step import step
+from smthrs_plugin.prefect.steprun import current_spec, step_settings
+from smthrs_plugin.prefect.workspace import Workspace
 from smthrs_plugin.runtime import open_runtime
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 #: The one shape of recorded components (cache/requests.py), for plan nodes and @step calls alike.
 SHAPE = {"key", "body", "inputs", "hermetic", "environment"}

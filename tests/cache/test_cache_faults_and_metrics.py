@@ -17,8 +17,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from smthrs_plugin.boundary import Measurer
 from smthrs_plugin.cache import CacheDispatcher, Miss, StaleReadSet, VerifiedHit
 from smthrs_plugin.cache._support import KEY_LOCKS
-from smthrs_plugin.observe._metrics import DISPATCHES, STEP_CACHE_DECISIONS, Metrics
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.observe.metrics import DISPATCHES, STEP_CACHE_DECISIONS, Metrics
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 Machines = Callable[..., Machine]
 

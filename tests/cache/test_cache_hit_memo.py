@@ -23,10 +23,10 @@ from _cache_support import CountingMetrics, team_trust, upper, upper_node
 from smthrs_plugin import plan
 from smthrs_plugin.boundary import Measurer
 from smthrs_plugin.cache import CacheDispatcher, DispatchRequest, DispatchResult
-from smthrs_plugin.cache._requests import node_request
+from smthrs_plugin.cache.requests import node_request
 from smthrs_plugin.canonical import key_digest
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
 #: How far ahead of a file's last change the measurer's clock says it was hashed (beyond the 2 s racy window).
 AHEAD_NS = 10_000_000_000
@@ -219,8 +219,8 @@ def test_an_entry_invalidated_by_another_process_is_not_served_from_memory(host:
     req = host.warm()
     host.hit_from_memory(req)
     _run_python(
-        "from smthrs_plugin.stores._database import open_database\n"
-        "from smthrs_plugin.cache._local import LocalTier\n"
+        "from smthrs_plugin.stores.database import open_database\n"
+        "from smthrs_plugin.cache.local import LocalTier\n"
         f"assert LocalTier(open_database({host.db_url!r})).invalidate({key_digest(req.key)!r})\n"
     )
     res = host.dispatch(req)
@@ -234,8 +234,8 @@ def test_any_write_of_another_process_to_the_database_sends_the_next_hit_through
     req = host.warm()
     host.hit_from_memory(req)
     _run_python(
-        "from smthrs_plugin.stores._database import open_database\n"
-        "from smthrs_plugin.records._journal import Journal\n"
+        "from smthrs_plugin.stores.database import open_database\n"
+        "from smthrs_plugin.records.journal import Journal\n"
         f"db = open_database({host.db_url!r})\n"
         "db.write(lambda c: Journal(db).append_in(c, 'another-run', 'test-note', {}))\n"
     )

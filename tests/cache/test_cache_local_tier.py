@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from _cache_support import make_machine, upper, upper_node
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.boundary._evidence import Evidence, Output, diff_identity
-from smthrs_plugin.cache._entry import CacheEntry, check_cacheable
-from smthrs_plugin.cache._local import (
+from smthrs_plugin.boundary.evidence import Evidence, Output, diff_identity
+from smthrs_plugin.cache.entry import CacheEntry, check_cacheable
+from smthrs_plugin.cache.local import (
     DifferentResult,
     Inserted,
     LocalHit,
@@ -24,13 +24,13 @@ from smthrs_plugin.cache._local import (
     SameResult,
 )
 from smthrs_plugin.canonical import key
-from smthrs_plugin.engine.ownership._arbiter import Ownership
+from smthrs_plugin.engine.ownership.arbiter import Ownership
 from smthrs_plugin.errors import FenceLost
-from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.settings import load_settings
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import Database
-from smthrs_plugin.stores._schema import step_cache
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import Database
+from smthrs_plugin.stores.schema import step_cache
 
 
 def _entry(k: str, value: Any, *, subject: str = "s", scope: str = "shared", run: str = "r1") -> CacheEntry:
@@ -100,7 +100,7 @@ def test_an_undecodable_row_is_reported_with_its_key_and_replaced(db: Database, 
         )
     )
     # Pin the level on our own logger: Prefect's import (other test packages' conftests) raises the root level.
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache._local"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache.local"):
         found = tier.lookup(k)
     assert isinstance(found, LocalUndecodable) and found.key_digest == name
     assert name in caplog.text

@@ -14,17 +14,17 @@ from typer.testing import CliRunner
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.boundary import referenced_digests
-from smthrs_plugin.boundary._evidence import Evidence, Output, diff_identity
-from smthrs_plugin.cache._entry import CacheEntry, check_cacheable
-from smthrs_plugin.cache._local import LocalTier, row_key_of
-from smthrs_plugin.cache._maintenance import gc, verify
-from smthrs_plugin.cache._shared import SharedTier
+from smthrs_plugin.boundary.evidence import Evidence, Output, diff_identity
+from smthrs_plugin.cache.entry import CacheEntry, check_cacheable
+from smthrs_plugin.cache.local import LocalTier, row_key_of
+from smthrs_plugin.cache.maintenance import gc, verify
+from smthrs_plugin.cache.shared import SharedTier
 from smthrs_plugin.canonical import key
-from smthrs_plugin.engine.ownership._arbiter import Ownership
-from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.engine.ownership.arbiter import Ownership
+from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.settings import load_settings
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import Database
 
 
 def test_gc_keeps_referenced_and_young_blobs_and_deletes_old_garbage(

@@ -11,10 +11,10 @@ from typing import Any
 import _cache_workers as workers
 import pytest
 
-from smthrs_plugin.cache._shared import Candidate, check_document, entry_name
-from smthrs_plugin.cache._signing import Trust
+from smthrs_plugin.cache.shared import Candidate, check_document, entry_name
+from smthrs_plugin.cache.signing import Trust
 from smthrs_plugin.canonical import key_digest
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
 SPAWN = mp.get_context("spawn")

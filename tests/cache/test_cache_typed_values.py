@@ -15,7 +15,7 @@ from typing import Any
 import pydantic
 from _cache_support import Machine, upper, upper_node
 
-from smthrs_plugin.cache._model import Miss, UnverifiableEvidence, VerifiedHit
+from smthrs_plugin.cache.model import Miss, UnverifiableEvidence, VerifiedHit
 from smthrs_plugin.codecs import INLINE_LIMIT, MARKER, CodecRegistry, builtin_codecs
 
 Machines = Callable[..., Machine]

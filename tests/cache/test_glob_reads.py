@@ -23,19 +23,19 @@ from typer.testing import CliRunner
 
 import smthrs_plugin as sp
 from smthrs_plugin.boundary import Measurer
-from smthrs_plugin.boundary._evidence import Evidence
+from smthrs_plugin.boundary.evidence import Evidence
 from smthrs_plugin.cache import CacheDispatcher, Miss, StaleReadSet, UnverifiableEvidence, VerifiedHit
-from smthrs_plugin.cache._admission import NotAdmissible, admit_entry, declared_run_local_reason
-from smthrs_plugin.cache._entry import CacheEntry, decode_entry
-from smthrs_plugin.cache._explain import explain
-from smthrs_plugin.cache._requests import node_request
-from smthrs_plugin.cache._shared import sign_document
-from smthrs_plugin.hosts._step import step
-from smthrs_plugin.hosts._workspace import Workspace
-from smthrs_plugin.plan._compile import compile_plan
+from smthrs_plugin.cache.admission import NotAdmissible, admit_entry, declared_run_local_reason
+from smthrs_plugin.cache.entry import CacheEntry, decode_entry
+from smthrs_plugin.cache.explain import explain
+from smthrs_plugin.cache.requests import node_request
+from smthrs_plugin.cache.shared import sign_document
+from smthrs_plugin.plan.compile import compile_plan
+from smthrs_plugin.prefect.step import step
+from smthrs_plugin.prefect.workspace import Workspace
 from smthrs_plugin.runtime import open_runtime
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
 Machines = Callable[..., Machine]
 
@@ -287,7 +287,7 @@ def test_cache_explain_names_the_reason_an_entry_was_kept_run_local(machines: Ma
 
 
 def test_a_step_declared_run_local_warns_once_at_decoration(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.hosts._step"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.prefect.step"):
 
         @step(reads=["data/*.csv"], writes=["out/x.txt"], tier="compensable")
         def compensable(ws: Workspace) -> int:
@@ -301,7 +301,7 @@ def test_a_step_declared_run_local_warns_once_at_decoration(caplog: pytest.LogCa
         def shareable(ws: Workspace) -> int:
             return 1
 
-    warned = [r.getMessage() for r in caplog.records if r.name == "smthrs_plugin.hosts._step"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "smthrs_plugin.prefect.step"]
     assert len(warned) == 2, warned
     assert "compensable" in warned[0] and "tier 'compensable' is not sealed" in warned[0]
     assert "expected" in warned[1] and "boundary mode 'expected'" in warned[1]
@@ -347,7 +347,7 @@ def _step_in_a_new_process(ws: Path, state: Path, calls: Path) -> dict[str, Any]
             "import json, sys",
             f"sys.path.insert(0, {str(HERE)!r})",
             "import test_glob_reads as t",
-            "from smthrs_plugin.hosts._steprun import step_settings",
+            "from smthrs_plugin.prefect.steprun import step_settings",
             f"with step_settings(workspace={str(ws)!r}, db={'sqlite:///' + (state / 'state.db').as_posix()!r},"
             f" artifacts={(state / 'blobs').as_uri()!r}):",
             "    print(json.dumps(t.csv_total.fn()))",

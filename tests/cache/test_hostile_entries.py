@@ -27,14 +27,14 @@ from typer.testing import CliRunner
 
 import smthrs_plugin as sp
 from smthrs_plugin.cache import UnverifiableEvidence, VerifiedHit
-from smthrs_plugin.cache._dispatch import PROVENANCE_EVENT
-from smthrs_plugin.cache._maintenance import gc, list_entries, revoke, verify
-from smthrs_plugin.cache._model import Miss
-from smthrs_plugin.cache._shared import SharedTier, entry_name
+from smthrs_plugin.cache.dispatch import PROVENANCE_EVENT
+from smthrs_plugin.cache.maintenance import gc, list_entries, revoke, verify
+from smthrs_plugin.cache.model import Miss
+from smthrs_plugin.cache.shared import SharedTier, entry_name
 from smthrs_plugin.canonical import key_digest
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.stores._artifacts import MAX_ENTRY_BYTES, ArtifactStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.stores.artifacts import MAX_ENTRY_BYTES, ArtifactStore
+from smthrs_plugin.stores.database import open_database
 
 Machines = Callable[..., Machine]
 T = TypeVar("T")
@@ -256,7 +256,7 @@ def test_the_publisher_refuses_an_entry_every_reader_would_refuse(
 ) -> None:
     shared, machines = file_machines(tmp_path)
     a = machines("a", files=HELLO)
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache._dispatch"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache.dispatch"):
         res = a.dispatch(upper_node(), body)
     assert res.outcome == "built"
     assert res.published == {"local": "published", "shared": "unpublished:bounds"}

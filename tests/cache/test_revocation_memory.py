@@ -26,16 +26,16 @@ from typer.testing import CliRunner
 import smthrs_plugin as sp
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.cache import UnverifiableEvidence, VerifiedHit
-from smthrs_plugin.cache._entry import CacheEntry, decode_entry
-from smthrs_plugin.cache._maintenance import revoke
-from smthrs_plugin.cache._revocation import MAX_MARKER_BYTES, REVOCATION_FORMAT, Revocations, revocation_store
-from smthrs_plugin.cache._shared import SharedTier
+from smthrs_plugin.cache.entry import CacheEntry, decode_entry
+from smthrs_plugin.cache.maintenance import revoke
+from smthrs_plugin.cache.revocation import MAX_MARKER_BYTES, REVOCATION_FORMAT, Revocations, revocation_store
+from smthrs_plugin.cache.shared import SharedTier
 from smthrs_plugin.canonical import canonical_bytes, key_digest
-from smthrs_plugin.plan._model import NodeDraft
-from smthrs_plugin.records._revocation_rows import remembered
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import open_database
-from smthrs_plugin.stores._schema import cache_revocations
+from smthrs_plugin.plan.model import NodeDraft
+from smthrs_plugin.records.revocation_rows import remembered
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.stores.schema import cache_revocations
 
 #: Deadline of a helper process (far above what it needs on a busy machine).
 PROCESS_TIMEOUT_S = 120
@@ -164,7 +164,7 @@ def test_a_deleted_marker_still_revokes_in_a_new_process_over_the_same_database(
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import smthrs_plugin as sp\n"
         "from _cache_support import upper, upper_node\n"
-        "from smthrs_plugin.cache._requests import node_request\n"
+        "from smthrs_plugin.cache.requests import node_request\n"
         "ws, db, url, opts = sys.argv[1:5]\n"
         "rt = sp.open_runtime(ws, db=db, artifacts=url, artifacts_options=json.loads(opts))\n"
         "seam = rt.dispatcher\n"
@@ -301,7 +301,7 @@ def test_a_malformed_marker_revokes_only_while_it_is_there_and_is_never_remember
     name = f"{key_digest(built.key)}.junk"
     plant(bucket, name, body)
     b = machine(tmp_path, "b", bucket)
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache._revocation"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache.revocation"):
         sees_markers(b)
     assert any(name in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
     [junk] = b.dispatcher.shared.revocations.all()
@@ -319,7 +319,7 @@ def test_a_remembered_row_that_does_not_decode_still_revokes_its_whole_key(
     b.db.write(lambda c: c.execute(sa.update(cache_revocations).values(entries_json="{broken")))
     entry = decode_entry(revoked, name=key_digest(key))
     assert isinstance(entry, CacheEntry)
-    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache._revocation"):
+    with caplog.at_level(logging.WARNING, logger="smthrs_plugin.cache.revocation"):
         found = Revocations(markers(bucket), memory=b.db).revoking(entry, fresh=True)
     assert found is not None and found.problem is not None and found.remembered
     assert any("does not decode" in r.getMessage() for r in caplog.records)

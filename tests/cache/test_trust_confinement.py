@@ -23,12 +23,12 @@ import pytest
 from _cache_support import Machine, upper, upper_node
 
 from smthrs_plugin.boundary import Declaration
-from smthrs_plugin.boundary._evidence import Evidence, Output, diff_identity
-from smthrs_plugin.boundary._replay import replay_outputs
-from smthrs_plugin.boundary._sandbox import run_in_sandbox
+from smthrs_plugin.boundary.evidence import Evidence, Output, diff_identity
+from smthrs_plugin.boundary.replay import replay_outputs
+from smthrs_plugin.boundary.sandbox import run_in_sandbox
 from smthrs_plugin.cache import ReplayFailed, VerifiedHit
-from smthrs_plugin.cache._entry import CacheEntry, decode_entry, result_digest
 from smthrs_plugin.cache._serve import check_confined
+from smthrs_plugin.cache.entry import CacheEntry, decode_entry, result_digest
 from smthrs_plugin.canonical import canonical_bytes, key_digest
 from smthrs_plugin.errors import ReplayError
 
@@ -82,7 +82,7 @@ def forge(
 def publish_forged(m: Machine, name: str, doc: dict[str, Any]) -> None:
     """Replace the shared entry ``name`` behind every reader's back, re-signed with the publisher's own key: the
     attacker holds a TRUSTED key (a compromised CI machine), so signatures alone cannot stop this entry."""
-    from smthrs_plugin.cache._shared import sign_document
+    from smthrs_plugin.cache.shared import sign_document
 
     doc = {k: v for k, v in doc.items() if k != "signature"}
     entry = decode_entry(json.dumps(doc))

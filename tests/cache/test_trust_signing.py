@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.boundary import referenced_digests
 from smthrs_plugin.cache import CacheDispatcher, UnverifiableEvidence, VerifiedHit
-from smthrs_plugin.cache._bounds import SizeCaps
-from smthrs_plugin.cache._entry import CacheEntry, decode_entry, result_digest
-from smthrs_plugin.cache._maintenance import revoke, verify
-from smthrs_plugin.cache._model import Miss, ReplayFailed
-from smthrs_plugin.cache._shared import Candidate, SharedTier, check_document, entry_name, sign_document
-from smthrs_plugin.cache._signing import (
+from smthrs_plugin.cache.bounds import SizeCaps
+from smthrs_plugin.cache.entry import CacheEntry, decode_entry, result_digest
+from smthrs_plugin.cache.maintenance import revoke, verify
+from smthrs_plugin.cache.model import Miss, ReplayFailed
+from smthrs_plugin.cache.shared import Candidate, SharedTier, check_document, entry_name, sign_document
+from smthrs_plugin.cache.signing import (
     Trust,
     load_private_key,
     parse_trusted_keys,
@@ -35,7 +35,7 @@ from smthrs_plugin.cache._signing import (
 from smthrs_plugin.canonical import canonical_bytes, key_digest
 from smthrs_plugin.errors import CacheError, SettingsError
 from smthrs_plugin.settings import load_cache_settings
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 Machines = Callable[..., Machine]
 

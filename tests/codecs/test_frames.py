@@ -21,9 +21,9 @@ pa = pytest.importorskip("pyarrow")
 pd = pytest.importorskip("pandas")
 
 from smthrs_plugin.canonical import key  # noqa: E402
-from smthrs_plugin.codecs import _frames  # noqa: E402
-from smthrs_plugin.codecs._frames import INLINE_LIMIT, forget_identities, frame_codecs  # noqa: E402
-from smthrs_plugin.codecs._registry import CodecRegistry  # noqa: E402
+from smthrs_plugin.codecs import frames  # noqa: E402
+from smthrs_plugin.codecs.frames import INLINE_LIMIT, forget_identities, frame_codecs  # noqa: E402
+from smthrs_plugin.codecs.registry import CodecRegistry  # noqa: E402
 from smthrs_plugin.errors import CodecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,8 +167,8 @@ _KEYS_SCRIPT = textwrap.dedent(
     """
     import json, numpy as np, pandas as pd, pyarrow as pa
     from smthrs_plugin.canonical import key
-    from smthrs_plugin.codecs._frames import frame_codecs
-    from smthrs_plugin.codecs._registry import CodecRegistry
+    from smthrs_plugin.codecs.frames import frame_codecs
+    from smthrs_plugin.codecs.registry import CodecRegistry
     import sys
     sys.path.insert(0, {tests!r})
     from test_frames import sample_frame
@@ -419,20 +419,20 @@ def test_large_values_go_through_the_sink_and_small_ones_stay_inline(reg: CodecR
 @pytest.fixture
 def hash_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
-    real = _frames._sha256
+    real = frames._sha256
 
     def counting(buf: Any) -> str:
         sizes.append(memoryview(buf).nbytes)
         return real(buf)
 
-    real_write = _frames._HashingStream.write
+    real_write = frames._HashingStream.write
 
     def counting_write(self: Any, data: Any) -> int:
         sizes.append(memoryview(data).nbytes)
         return real_write(self, data)
 
-    monkeypatch.setattr(_frames, "_sha256", counting)
-    monkeypatch.setattr(_frames._HashingStream, "write", counting_write)
+    monkeypatch.setattr(frames, "_sha256", counting)
+    monkeypatch.setattr(frames._HashingStream, "write", counting_write)
     return sizes
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from smthrs_plugin.canonical import canonical_bytes, key
 from smthrs_plugin.codecs import INLINE_LIMIT, MARKER, CodecRegistry, default_registry, path_arguments
-from smthrs_plugin.codecs._frames import forget_identities
+from smthrs_plugin.codecs.frames import forget_identities
 from smthrs_plugin.errors import CodecError
 
 try:

@@ -24,9 +24,9 @@ cloudpickle = pytest.importorskip("cloudpickle")
 from test_frames import MemoryCAS  # noqa: E402  (the codec tests' in-memory content-addressed store)
 
 from smthrs_plugin.canonical import key  # noqa: E402
-from smthrs_plugin.codecs import _frames, _identity  # noqa: E402
-from smthrs_plugin.codecs._frames import forget_identities, frame_codecs  # noqa: E402
-from smthrs_plugin.codecs._registry import CodecRegistry  # noqa: E402
+from smthrs_plugin.codecs import _identity, frames  # noqa: E402
+from smthrs_plugin.codecs.frames import forget_identities, frame_codecs  # noqa: E402
+from smthrs_plugin.codecs.registry import CodecRegistry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,15 +36,15 @@ RECEIVER = textwrap.dedent(
     """
     import base64, json, os, pickle, sys
     from smthrs_plugin.canonical import key
-    from smthrs_plugin.codecs import _frames
-    from smthrs_plugin.codecs._frames import frame_codecs
-    from smthrs_plugin.codecs._registry import CodecRegistry
+    from smthrs_plugin.codecs import frames
+    from smthrs_plugin.codecs.frames import frame_codecs
+    from smthrs_plugin.codecs.registry import CodecRegistry
     hashed = []
-    original = _frames._Arrow.digest_form
+    original = frames._Arrow.digest_form
     def counting(self, table):
         hashed.append(1)
         return original(self, table)
-    _frames._Arrow.digest_form = counting
+    frames._Arrow.digest_form = counting
     value = pickle.loads(base64.b64decode(sys.stdin.read()))
     if os.environ.get("MUTATE"):
         value.iloc[0, 0] = -1
@@ -219,7 +219,7 @@ def test_pickling_in_many_threads_at_once_keeps_every_reference(
     def no_hashing(self: Any, table: Any) -> Any:
         raise AssertionError("a frame that arrived with its key was hashed")
 
-    monkeypatch.setattr(_frames._Arrow, "digest_form", no_hashing)
+    monkeypatch.setattr(frames._Arrow, "digest_form", no_hashing)
     for data in results:
         back = pickle.loads(data)
         assert key(reg.key_form(back)) == expected[len(back)]

@@ -15,7 +15,7 @@ from typing import Any
 
 from _control_support import crash_plan
 
-from smthrs_plugin.cli._control_support import PlanLauncher
+from smthrs_plugin.cli.control_support import PlanLauncher
 from smthrs_plugin.runtime import open_runtime
 
 

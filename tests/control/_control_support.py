@@ -7,9 +7,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from smthrs_plugin.control._control import AdmittedRun
+from smthrs_plugin.control.facade import AdmittedRun
 from smthrs_plugin.plan import Plan, compile_plan, node
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 
 def release_plan(deploy_cmd: str = "true", *, plan_id: str = "release") -> Plan:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from _control_support import RecordingLauncher
 
-from smthrs_plugin.control._control import Control
+from smthrs_plugin.control.facade import Control
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture

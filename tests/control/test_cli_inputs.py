@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from smthrs_plugin.canonical import sha256_hex
 from smthrs_plugin.cli import app
-from smthrs_plugin.control._authority import NodeTarget
-from smthrs_plugin.control._control import Control
-from smthrs_plugin.control._identity import Principal
+from smthrs_plugin.control.authority import NodeTarget
+from smthrs_plugin.control.facade import Control
+from smthrs_plugin.control.identity import Principal
 from smthrs_plugin.errors import ControlError, InvalidInput
-from smthrs_plugin.observe._catalog import RunFilters, list_runs
-from smthrs_plugin.observe._watch import watch
+from smthrs_plugin.observe.catalog import RunFilters, list_runs
 from smthrs_plugin.observe.snapshot import related
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.observe.watch import watch
+from smthrs_plugin.stores.database import Database, open_database
 
 GATED = """\
 plan: gate

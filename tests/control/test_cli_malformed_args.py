@@ -21,8 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from smthrs_plugin.cli import app
-from smthrs_plugin.cli._worker import _parse_params
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.cli.worker import _parse_params
+from smthrs_plugin.stores.database import open_database
 
 GATE = """\
 plan: gate

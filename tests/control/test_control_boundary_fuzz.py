@@ -1,6 +1,6 @@
 """The identity boundary THROUGH the durable control plane (SQLite): generated hostile inputs to ``Control.plan`` and
 idempotency keys to ``Control.run`` answer a card/receipt or a typed ``InvalidInput`` — never another exception,
-and never a write on refusal. (``tests/test_control_identity.py`` fuzzes ``decode_input`` itself with 10,000
+and never a write on refusal. (``tests/control/test_control_identity.py`` fuzzes ``decode_input`` itself with 10,000
 inputs against an independent oracle; this pins that the facade crosses that boundary before writing anything.)"""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from smthrs_plugin.canonical import canonical_bytes
-from smthrs_plugin.control._control import Control
-from smthrs_plugin.control._receipts import Accepted, AlreadyApplied
+from smthrs_plugin.control.facade import Control
+from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
 from smthrs_plugin.errors import InvalidInput
 from smthrs_plugin.settings import load_settings
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.stores.database import Database, open_database
 
 hostile_text = st.text(
     alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF, blacklist_categories=())

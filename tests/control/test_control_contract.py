@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from _control_support import RecordingLauncher, count, journal_types, release_plan
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.control._approvals import Approved, Denied, PendingApproval
-from smthrs_plugin.control._authority import (
+from smthrs_plugin.control._cards import Envelope
+from smthrs_plugin.control.approvals import Approved, Denied, PendingApproval
+from smthrs_plugin.control.authority import (
     AuthorityRequest,
     Authorized,
     DelegatedAuthority,
@@ -21,15 +22,14 @@ from smthrs_plugin.control._authority import (
     PlanTarget,
     Unauthorized,
 )
-from smthrs_plugin.control._cards import Envelope
-from smthrs_plugin.control._control import Control, Launch
-from smthrs_plugin.control._identity import LOCAL_OPERATOR, Principal
-from smthrs_plugin.control._receipts import Accepted, AlreadyApplied, Conflict, Parked, Terminal
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.control.facade import Control, Launch
+from smthrs_plugin.control.identity import LOCAL_OPERATOR, Principal
+from smthrs_plugin.control.receipts import Accepted, AlreadyApplied, Conflict, Parked, Terminal
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.errors import ControlError, InvalidInput
-from smthrs_plugin.records._waits import WaitStore
+from smthrs_plugin.records.waits import WaitStore
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.stores.database import Database, open_database
 
 BOB = Principal("bob", "human")
 ENV = {"capabilities": ["deploy:prod"]}
@@ -476,7 +476,7 @@ def _deep(n: int) -> Any:
 def test_an_orphaned_admission_is_kept_by_a_live_admitter_and_reclaimed_once_its_lease_lapses(
     db: Database, settings: Settings, launcher: RecordingLauncher
 ) -> None:
-    from smthrs_plugin.records._runs import OwnerId
+    from smthrs_plugin.records.runs import OwnerId
 
     clock = ManualClock()  # one clock for both: the claim's age is exactly what the test advances
     admitter = Control(db, settings=settings, owner=OwnerId("ctl-host", 999_999, "gone"), clock=clock)
@@ -552,7 +552,7 @@ def test_racing_same_key_runs_admit_one_run(control: Control, db: Database) -> N
 def test_resuming_a_run_the_plane_did_not_launch_is_refused_before_writing_and_names_the_worker(
     control: Control, db: Database, launcher: RecordingLauncher
 ) -> None:
-    from smthrs_plugin.records._runs import RunStore
+    from smthrs_plugin.records.runs import RunStore
 
     RunStore(db).create("flow-run-1", "prefect/nightly")
     before = journal_types(db, "flow-run-1")

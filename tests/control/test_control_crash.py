@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from _control_support import crash_plan, journal_types
 
-from smthrs_plugin.cli._control_support import PlanLauncher, follow
-from smthrs_plugin.control._receipts import AlreadyApplied
-from smthrs_plugin.engine.ownership._liveness import SameHostPidProbe
+from smthrs_plugin.cli.control_support import PlanLauncher, follow
+from smthrs_plugin.control.receipts import AlreadyApplied
+from smthrs_plugin.engine.ownership.liveness import SameHostPidProbe
 from smthrs_plugin.runtime import open_runtime
 
 HERE = Path(__file__).resolve().parent

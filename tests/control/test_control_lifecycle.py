@@ -15,24 +15,24 @@ import pytest
 import sqlalchemy as sa
 from _control_support import RecordingLauncher, release_plan
 
-from smthrs_plugin.cli._control_support import PlanLauncher
-from smthrs_plugin.control._control import Control
-from smthrs_plugin.control._receipts import Accepted
-from smthrs_plugin.engine._facts import (
+from smthrs_plugin.cli.control_support import PlanLauncher
+from smthrs_plugin.control.facade import Control
+from smthrs_plugin.control.receipts import Accepted
+from smthrs_plugin.engine.facts import (
     append_control_lifecycle_in,
     control_running_in,
     control_settled_in,
 )
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.errors import StoreError
-from smthrs_plugin.observe._watch import watch
+from smthrs_plugin.observe.watch import watch
 from smthrs_plugin.plan import compile_plan, node
-from smthrs_plugin.records._control import ACCEPTED_SOURCE
-from smthrs_plugin.records._journal import Journal, JournalEvent
-from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.records.control import ACCEPTED_SOURCE
+from smthrs_plugin.records.journal import Journal, JournalEvent
+from smthrs_plugin.records.runs import RunStore
 from smthrs_plugin.runtime import Runtime, open_runtime
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 ENV = {"capabilities": ["deploy:prod"]}
 

@@ -13,21 +13,21 @@ import pytest
 import sqlalchemy as sa
 
 import smthrs_plugin as sp
-from smthrs_plugin.cli._control_support import PlanLauncher
-from smthrs_plugin.control._approvals import require_approval
-from smthrs_plugin.control._authority import NodeTarget
-from smthrs_plugin.control._control import Control, Launch
-from smthrs_plugin.control._receipts import Accepted, AlreadyApplied, Parked, Terminal
-from smthrs_plugin.engine._context import RunContext
-from smthrs_plugin.engine.drive._active_run import DriveParked, DriveSettled
-from smthrs_plugin.engine.drive._driver import RunDriver
+from smthrs_plugin.cli.control_support import PlanLauncher
+from smthrs_plugin.control.approvals import require_approval
+from smthrs_plugin.control.authority import NodeTarget
+from smthrs_plugin.control.facade import Control, Launch
+from smthrs_plugin.control.receipts import Accepted, AlreadyApplied, Parked, Terminal
+from smthrs_plugin.engine.context import RunContext
+from smthrs_plugin.engine.drive.active_run import DriveParked, DriveSettled
+from smthrs_plugin.engine.drive.driver import RunDriver
 from smthrs_plugin.errors import ControlError
 from smthrs_plugin.plan import Plan, compile_plan, node
-from smthrs_plugin.records._wait_rows import ApprovalWait
+from smthrs_plugin.records.wait_rows import ApprovalWait
 from smthrs_plugin.runtime import Runtime, open_runtime
-from smthrs_plugin.scheduler._planfile import PlanFileExecutor
+from smthrs_plugin.scheduler.planfile import PlanFileExecutor
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 ENV = {"capabilities": ["deploy:prod"]}
 

@@ -1,4 +1,4 @@
-"""The one exit-code table (``smthrs_plugin/cli/_exits.py``, issue 14), walked over EVERY operation × receipt ×
+"""The one exit-code table (``smthrs_plugin/cli/exits.py``, issue 14), walked over EVERY operation × receipt ×
 run status × waiting reason × recorded decision, against the rules CI pipelines rely on — and a check that no
 command keeps exit codes of its own.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from smthrs_plugin.cli import _exits
-from smthrs_plugin.cli._exits import (
+from smthrs_plugin.cli import exits
+from smthrs_plugin.cli.exits import (
     DECISIONS,
     OPERATIONS,
     RECEIPTS,
@@ -33,7 +33,7 @@ from smthrs_plugin.errors import (
     StoreError,
 )
 
-CLI = Path(_exits.__file__).resolve().parent
+CLI = Path(exits.__file__).resolve().parent
 
 
 def _expected(
@@ -138,7 +138,7 @@ def test_refusal_exit_is_total_over_every_code_and_75_exactly_for_a_passing_faul
     for cls in _families(SmthrsError):
         for code in sorted(cls.codes):
             err = cls(code, "no")
-            expected = 75 if (cls.family, code) in PASSING else 3 if code in _exits._DENIED_CODES else 2
+            expected = 75 if (cls.family, code) in PASSING else 3 if code in exits._DENIED_CODES else 2
             assert refusal_exit(err) == expected, (cls.__name__, code)
             # Behind another error (a scheduler pass that failed on it, a launch that reports it): the same.
             wrapped = SchedulerError("store_failed", "a durable write failed", cause=err)
@@ -151,8 +151,8 @@ def test_no_command_module_keeps_exit_codes_of_its_own() -> None:
     own = re.compile(r"^\s*(EXIT_[A-Z_]+(\s*,\s*EXIT_[A-Z_]+)*)\s*=", re.MULTILINE)
     literal = re.compile(r"typer\.Exit\(\s*(?:[1-9]\d*)\s*\)")
     for path in sorted(CLI.glob("*.py")):
-        if path.name == "_exits.py":
+        if path.name == "exits.py":
             continue
         text = path.read_text()
-        assert not own.search(text), f"{path.name} defines its own EXIT_* constants; use cli/_exits.py"
-        assert not literal.search(text), f"{path.name} exits with a literal code; use cli/_exits.py"
+        assert not own.search(text), f"{path.name} defines its own EXIT_* constants; use cli/exits.py"
+        assert not literal.search(text), f"{path.name} exits with a literal code; use cli/exits.py"

@@ -13,14 +13,14 @@ import pytest
 from _control_support import journal_types, release_plan
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.cli._control_support import Held, follow
-from smthrs_plugin.control._control import AdmittedRun, Control
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
-from smthrs_plugin.engine.ownership._liveness import Alive
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.cli.control_support import Held, follow
+from smthrs_plugin.control.facade import AdmittedRun, Control
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership.liveness import Alive
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 GONE = OwnerId("ctl-host", 999_999, "gone")
 

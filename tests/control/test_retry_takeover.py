@@ -7,7 +7,7 @@ SIGCONTed) ``--no-wait`` exits 75 naming it, and a waiting retry follows the run
 
 No test depends on the machine's speed: every "the owner got there" is a marker file or a database row polled with
 a deadline far above any command's duration; timers are an hour long and pass by moving their STORED deadline into
-the past (as ``tests/waits/test_waits_plans.py`` does); nothing asserts elapsed time.
+the past (as ``tests/engine/waits/test_waits_plans.py`` does); nothing asserts elapsed time.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from _timetravel import let_the_deadline_pass
 
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.records._waits import WaitStore
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.records.waits import WaitStore
+from smthrs_plugin.stores.database import Database, open_database
 
 pytestmark = pytest.mark.slow
 

@@ -17,16 +17,16 @@ import sqlalchemy as sa
 from _control_support import count, journal_types
 
 import smthrs_plugin as sp
-from smthrs_plugin.control._control import Control
-from smthrs_plugin.control._identity import LOCAL_OPERATOR, Principal
-from smthrs_plugin.control._receipts import Accepted, AlreadyApplied, Conflict, Terminal
-from smthrs_plugin.engine.drive._active_run import DriveParked, DriveSettled
-from smthrs_plugin.engine.drive._driver import RunDriver
+from smthrs_plugin.control.facade import Control
+from smthrs_plugin.control.identity import LOCAL_OPERATOR, Principal
+from smthrs_plugin.control.receipts import Accepted, AlreadyApplied, Conflict, Terminal
+from smthrs_plugin.engine.drive.active_run import DriveParked, DriveSettled
+from smthrs_plugin.engine.drive.driver import RunDriver
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
-from smthrs_plugin.records._runs import OwnerId
-from smthrs_plugin.records._wait_rows import EventWait
+from smthrs_plugin.records.runs import OwnerId
+from smthrs_plugin.records.wait_rows import EventWait
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 #: Every table a signal may write (receipts, deferreds, journal) and the run row's revision.
 _WRITTEN = ("control_receipts", "deferred_completions", "journal_events")
@@ -303,6 +303,6 @@ def test_smthrs_signal_refuses_malformed_json_and_unknown_runs_with_exit_2(
 
 
 def ws_db(ws: Path) -> Database:
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.stores.database import open_database
 
     return open_database(f"sqlite:///{(ws / '.smthrs' / 'state.db').as_posix()}")

@@ -16,8 +16,8 @@ def say(**fields: object) -> None:
 
 def cmd_append(url: str, partition: str, n: str, pause_ms: str) -> None:
     """Append ``n`` entries ``{"i": i}`` to ``partition``, pausing between them (another process's commits)."""
-    from smthrs_plugin.records._journal import Journal
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.records.journal import Journal
+    from smthrs_plugin.stores.database import open_database
 
     journal = Journal(open_database(url))
     for i in range(int(n)):
@@ -31,8 +31,8 @@ def cmd_create_runs(url: str, prefix: str, n: str, start_ms: str, step_ms: str) 
     """Create ``n`` runs named ``<prefix><i>`` (another process inserting while the parent pages), created at
     ``start_ms`` + i * ``step_ms`` (a manual clock: the parent chooses where in its key range they land)."""
     from smthrs_plugin._clock import ManualClock
-    from smthrs_plugin.records._runs import RunStore
-    from smthrs_plugin.stores._database import open_database
+    from smthrs_plugin.records.runs import RunStore
+    from smthrs_plugin.stores.database import open_database
 
     clock = ManualClock(int(start_ms))
     store = RunStore(open_database(url), clock=clock)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.stores.database import Database
 
 
 @pytest.fixture

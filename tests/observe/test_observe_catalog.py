@@ -14,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.errors import ControlError
-from smthrs_plugin.observe._catalog import ANY, RunFilters, list_runs
+from smthrs_plugin.observe.catalog import ANY, RunFilters, list_runs
 from smthrs_plugin.observe.snapshot import Observed
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import OwnerId, RunStore
+from smthrs_plugin.stores.database import Database, open_database
 
 HELPER = str(Path(__file__).with_name("_observe_proc.py"))
 

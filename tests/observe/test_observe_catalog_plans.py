@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from smthrs_plugin.observe._catalog import ANY, RunFilters, _query
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.observe.catalog import ANY, RunFilters, _query
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.stores.database import Database
 
 _VALUES = {
     "status": "completed",

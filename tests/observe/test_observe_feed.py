@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.errors import ControlError
 from smthrs_plugin.observe.feed import Change, changes_since, current, is_newer
 from smthrs_plugin.observe.snapshot import Missing, Observed, read
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import OwnerId, RunStore
+from smthrs_plugin.stores.database import Database, open_database
 
 
 def _drain(db: Database, source: str, revision: int, limit: int) -> tuple[list[Change], int]:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.errors import ControlError, InvalidInput
 from smthrs_plugin.observe.snapshot import (
     MAX_BATCH,
@@ -19,9 +19,9 @@ from smthrs_plugin.observe.snapshot import (
     read,
     related,
 )
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import OwnerId, RunStore
+from smthrs_plugin.stores.database import Database
 
 
 def _owner(db: Database, journal: Journal, clock: ManualClock, tag: str) -> Ownership:

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from smthrs_plugin.errors import ControlError, InvalidInput
-from smthrs_plugin.observe._watch import PARTITIONS_PER_BATCH, ControlEvent, watch
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.observe.watch import PARTITIONS_PER_BATCH, ControlEvent, watch
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.stores.database import Database, open_database
 
 HELPER = str(Path(__file__).with_name("_observe_proc.py"))
 
@@ -261,7 +261,7 @@ def test_cli_watch_prints_the_snapshot_as_one_json_object_and_follows_as_json_li
 def test_an_abandoned_follow_stream_leaves_no_subscription_behind(db: Database, journal: Journal) -> None:
     import gc
 
-    from smthrs_plugin.records._journal import _hub_for
+    from smthrs_plugin.records.journal import _hub_for
 
     hub = _hub_for(db.url)
     before = len(hub._subs)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from smthrs_plugin.observe import INSTRUMENT_NAMES, watch
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.stores._database import Database, open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.stores.database import Database, open_database
 
 #: Generous bound on waiting for a delivery; a broken stream fails instead of hanging. Never asserted on.
 _WAIT_S = 60.0
@@ -91,6 +91,6 @@ def test_the_watch_command_keeps_the_snapshot_as_its_default_and_documents_the_l
 
 
 def test_instruments_carry_the_reference_engine_metric_names() -> None:
-    # What a host's reader sees is these names and no other: tests/test_observe_metrics.py records every
+    # What a host's reader sees is these names and no other: tests/observe/test_observe_metrics.py records every
     # instrument once and compares the names it finds with INSTRUMENT_NAMES.
     assert INSTRUMENT_NAMES == REFERENCE_INSTRUMENTS

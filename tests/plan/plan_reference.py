@@ -1,7 +1,7 @@
 """Deliberately naive reference models: whole-graph rescans after every event, full re-sort on every admission.
 
 They are the specification the indexed RuntimeGraph and heap-based Admission are compared against (the rule in
-smthrs_plugin/plan/_admission.py). Clarity over speed; counters record how much they rescan.
+smthrs_plugin/plan/admission.py). Clarity over speed; counters record how much they rescan.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ import pytest
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import GraphError, PlanError
-from smthrs_plugin.plan import Plan, _overlap
-from smthrs_plugin.plan._fileset import Glob, TreeArtifact, entries_overlap, entry_matches, normalize_path
-from smthrs_plugin.plan._overlap import produced_reads
+from smthrs_plugin.plan import Plan, overlap
+from smthrs_plugin.plan.fileset import Glob, TreeArtifact, entries_overlap, entry_matches, normalize_path
+from smthrs_plugin.plan.overlap import produced_reads
 
 TALLY = {
     "plan vectors taken": 21,
@@ -675,13 +675,13 @@ def test_a_reader_declared_before_seventy_writers_follows_every_one_of_them(monk
     # Each writer moves to just below the reader, halving one gap of the order's labels: seventy of them run the
     # gap out, so the order is respaced mid-reader and the reader's ancestor search must re-key itself.
     respaced: list[int] = []
-    original = _overlap._Order._respace
+    original = overlap._Order._respace
 
     def counting(self: Any) -> None:
         respaced.append(1)
         original(self)
 
-    monkeypatch.setattr(_overlap._Order, "_respace", counting)
+    monkeypatch.setattr(overlap._Order, "_respace", counting)
     drafts = [node("r", reads=[f"f/{i}" for i in range(70)] + ["g"])]
     drafts += [node(f"a{i}", writes=[f"f/{i}"]) for i in range(69)]
     drafts += [sp.plan.node("a69", writes=["f/69"], inputs=[sp.plan.Pending("b")]), node("b", writes=["g"])]

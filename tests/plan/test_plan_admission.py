@@ -12,7 +12,7 @@ from plan_reference import NaiveAdmission
 import smthrs_plugin as sp
 from smthrs_plugin.errors import GraphError
 from smthrs_plugin.plan import Concurrency, RuntimeGraph
-from smthrs_plugin.plan._admission import Admission
+from smthrs_plugin.plan.admission import Admission
 
 
 def test_aging_lets_a_low_priority_node_overtake_an_urgent_chain() -> None:

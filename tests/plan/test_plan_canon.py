@@ -20,8 +20,8 @@ import smthrs_plugin as sp
 from smthrs_plugin.canonical import MAX_DEPTH
 from smthrs_plugin.errors import SmthrsError
 from smthrs_plugin.plan import _canon
-from smthrs_plugin.plan._compile import _plan_digest_reference, plan_digest
-from smthrs_plugin.plan._keys import _plan_key_reference, plan_key
+from smthrs_plugin.plan.compile import _plan_digest_reference, plan_digest
+from smthrs_plugin.plan.keys import _plan_key_reference, plan_key
 
 _text = st.text(st.characters(codec=None, exclude_categories=()), max_size=6)  # includes lone surrogates
 _keys = st.one_of(_text, st.sampled_from(["a", "é", "𝔸", "\ue000", "\uffff", "10", "2"]))
@@ -154,7 +154,7 @@ def test_plan_digest_equals_the_reference_on_generated_plans(seed: int) -> None:
 
 def test_effects_text_equals_the_canonical_effects_json() -> None:
     from smthrs_plugin.canonical import canonical_bytes
-    from smthrs_plugin.plan._keys import effects_json
+    from smthrs_plugin.plan.keys import effects_json
 
     rng = random.Random(7)
     for _ in range(300):
@@ -170,7 +170,7 @@ def test_exact_file_entries_keep_their_declared_order_and_duplicates_as_the_refe
     # The digest's node effects are the declaration as made (declaration order; the duplicates a bypassing
     # caller could plant stay): '"', control characters and non-ASCII escape, and must not reorder anything
     from smthrs_plugin.canonical import canonical_bytes
-    from smthrs_plugin.plan._keys import effects_json
+    from smthrs_plugin.plan.keys import effects_json
 
     names = ["a", 'a"', "a#", "a\x01", "a\x1f", "a ", "é", "a/é", "a\u2028", "𝔸", "A", "a]", "ab"]
     rng = random.Random(11)

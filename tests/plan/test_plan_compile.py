@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 import smthrs_plugin as sp
 from smthrs_plugin.errors import PlanError
 from smthrs_plugin.plan import Plan, PlanNode
-from smthrs_plugin.plan._compile import plan_digest, priority_json
-from smthrs_plugin.plan._fileset import flatten, sets_overlap
-from smthrs_plugin.plan._overlap import ProducerIndex
+from smthrs_plugin.plan.compile import plan_digest, priority_json
+from smthrs_plugin.plan.fileset import flatten, sets_overlap
+from smthrs_plugin.plan.overlap import ProducerIndex
 
 
 def _code(fn: object, *args: object, **kw: object) -> PlanError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from smthrs_plugin.errors import PlanError
-from smthrs_plugin.plan._fileset import (
+from smthrs_plugin.plan.fileset import (
     Filegroup,
     Glob,
     TreeArtifact,

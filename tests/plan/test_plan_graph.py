@@ -13,8 +13,8 @@ from plan_reference import SUCCESS, NaiveAdmission, NaiveGraph
 import smthrs_plugin as sp
 from smthrs_plugin.errors import GraphError
 from smthrs_plugin.plan import Plan, RuntimeGraph
-from smthrs_plugin.plan._admission import Admission
-from smthrs_plugin.plan._graph import Propagation
+from smthrs_plugin.plan.admission import Admission
+from smthrs_plugin.plan.graph import Propagation
 
 
 def _plan(deps: list[list[int]], maximum: int = 10_000) -> Plan:

@@ -10,7 +10,7 @@ import smthrs_plugin as sp
 from smthrs_plugin.canonical import is_key
 from smthrs_plugin.errors import SchedulerError
 from smthrs_plugin.plan import ABSENT
-from smthrs_plugin.plan._keys import (
+from smthrs_plugin.plan.keys import (
     dispatch_key,
     input_value_digest,
     plan_key,

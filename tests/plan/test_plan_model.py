@@ -9,7 +9,7 @@ import pytest
 import smthrs_plugin as sp
 from smthrs_plugin.errors import PlanError
 from smthrs_plugin.plan import NodeDraft, Plan
-from smthrs_plugin.plan._model import Effects, KeyMaterial
+from smthrs_plugin.plan.model import Effects, KeyMaterial
 
 
 def test_ref_and_pending_are_constructible_positionally_by_name_and_by_alias() -> None:

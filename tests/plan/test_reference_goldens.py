@@ -17,7 +17,7 @@ Tally (``TALLY``, kept honest by ``test_the_vector_tally_is_as_reported``):
   refuses it; the reference's ordinal golden (``ordinal/basic``) is a key kind this implementation does not mint
   (its run-local key is another document); a missing dependency is refused with this implementation's code
   (``unknown_dependency``), not ``missing_dependency``. Each has a test below showing what would break otherwise
-  (and ``plan/_keys.py``'s docstring has the section "Deliberate differences from the reference").
+  (and ``plan/keys.py``'s docstring has the section "Deliberate differences from the reference").
 - not applicable: 6 — the three ``graph/*`` goldens pin the material the reference's flow-graph builder derives
   (node reflection, placement, effect declarations), which this implementation does not have; the step-key
   suite's untagged digest input, its opaque material ``effects``/``placement`` and its in-flight memo eviction
@@ -37,7 +37,7 @@ import smthrs_plugin as sp
 from smthrs_plugin.canonical import is_key, key
 from smthrs_plugin.errors import PlanError, SchedulerError
 from smthrs_plugin.plan import ABSENT
-from smthrs_plugin.plan._keys import (
+from smthrs_plugin.plan.keys import (
     dispatch_key,
     input_value_digest,
     plan_key,
@@ -45,7 +45,7 @@ from smthrs_plugin.plan._keys import (
     resolve_refs,
     run_local_key,
 )
-from smthrs_plugin.plan._model import KeyMaterial
+from smthrs_plugin.plan.model import KeyMaterial
 from smthrs_plugin.settings import Settings
 
 TALLY = {"taken": 52, "identical": 43, "deliberately different": 3, "not applicable": 6}

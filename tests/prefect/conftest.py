@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from smthrs_plugin.hosts._prefect_env import DEFAULT_STARTUP_TIMEOUT_S
+from smthrs_plugin.prefect.environment import DEFAULT_STARTUP_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def prefect_api() -> Iterator[str]:
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: teardown stops the server and its children only
     )
-    # As long as the ephemeral server's budget (hosts/_prefect_env.py): a first start on a busy machine is slow.
+    # As long as the ephemeral server's budget (prefect/environment.py): a first start on a busy machine is slow.
     deadline = time.monotonic() + DEFAULT_STARTUP_TIMEOUT_S
     while not _healthy(url):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -109,7 +109,7 @@ def prefect_api() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _quiet_flow_runs(prefect_api: str) -> Iterator[None]:
     """Every test here talks to the session server, with Prefect's flow heartbeat thread off."""
-    from smthrs_plugin.hosts.prefect import quiet_flow_settings
+    from smthrs_plugin.prefect.host import quiet_flow_settings
 
     with quiet_flow_settings():
         yield

@@ -24,7 +24,7 @@ from _prefect_support import REPO, api_post, poll, run_py
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts import _events
+from smthrs_plugin.prefect import _events
 
 pytestmark = pytest.mark.prefect
 

@@ -24,7 +24,7 @@ import pytest
 from prefect import flow
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache._signing import SigningKey, generate_key_pair, load_private_key
+from smthrs_plugin.cache.signing import SigningKey, generate_key_pair, load_private_key
 from smthrs_plugin.errors import SettingsError
 
 pytestmark = [pytest.mark.s3, pytest.mark.prefect]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine.waits._flow_waits import HostWakeFailed, HostWoken
+from smthrs_plugin.engine.waits.flow_waits import HostWakeFailed, HostWoken
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
@@ -240,7 +240,7 @@ def _run_status(served: Served, run_id: str) -> str | None:
 def _assert_one_run_each_step_once(served: Served, flow_run_id: str, tag: str, got: str) -> list[Any]:
     run_id = f"prefect-{flow_run_id}"
     # Called once Prefect shows the flow run Completed: the smthrs run (and its buffered hit records) settled
-    # BEFORE Prefect was told, in the runner's process (hosts/_flowrun.py) — no wait for a hook.
+    # BEFORE Prefect was told, in the runner's process (prefect/_flowrun.py) — no wait for a hook.
     assert _run_status(served, run_id) == "completed"
     assert _runs_of(served, flow_run_id) == [run_id]  # re-executions reclaimed it: no fresh suffix
     assert _marks(served, tag) == ["first", f"second:{got}"]  # each step body once
@@ -338,7 +338,7 @@ def test_an_approval_that_cannot_reach_prefect_stands_is_reported_and_its_retry_
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.waits._flow_waits")
+    caplog.set_level(logging.WARNING, logger="smthrs_plugin.engine.waits.flow_waits")
     flow_run_id = _start(served, tag="down", wait="approval")
     run_id = f"prefect-{flow_run_id}"
     watch = Watch(flow_run_id)
@@ -402,7 +402,7 @@ def test_a_new_flow_serve_continues_a_flow_run_parked_while_its_runner_was_kille
     second = _serve(flows, tmp_path, "dep-kill")
     try:
         watch.until(second, "flow run Completed", _completed)
-        # Settled before Prefect showed Completed (hosts/_flowrun.py): stopping the runner now loses nothing.
+        # Settled before Prefect showed Completed (prefect/_flowrun.py): stopping the runner now loses nothing.
         assert _run_status(second, f"prefect-{flow_run_id}") == "completed"
     finally:
         second.stop()

@@ -1,4 +1,4 @@
-"""The ``smthrs.*`` Prefect events an automation can use (catalogue: ``smthrs_plugin/hosts/_events.py``), read back
+"""The ``smthrs.*`` Prefect events an automation can use (catalogue: ``smthrs_plugin/prefect/_events.py``), read back
 through the session server's events API: names, resource ids, labels, related resources and payload keys — and
 what a flow run's page shows: the Report / parked artifact and the parked state message naming the smthrs run id
 and the commands that inspect, approve or cancel it."""
@@ -22,10 +22,10 @@ from prefect import flow
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache._maintenance import revoke
-from smthrs_plugin.hosts import _events, _flowrun
-from smthrs_plugin.hosts._steprun import current_spec
-from smthrs_plugin.hosts.prefect import artifact_key, run_plan_in_flow
+from smthrs_plugin.cache.maintenance import revoke
+from smthrs_plugin.prefect import _events, _flowrun
+from smthrs_plugin.prefect.host import artifact_key, run_plan_in_flow
+from smthrs_plugin.prefect.steprun import current_spec
 
 
 @pytest.fixture(autouse=True)
@@ -384,7 +384,7 @@ def test_outside_a_flow_run_without_a_prefect_api_nothing_is_sent_and_prefect_is
 ) -> None:
     code = (
         "import sys\n"
-        "from smthrs_plugin.hosts import _events\n"
+        "from smthrs_plugin.prefect import _events\n"
         "ev = _events.run_parked(run_id='r', flow='f', kind='timer', wait='w', deadline_ms=0, flow_run_id=None)\n"
         "print(_events.emit(ev), 'prefect' in sys.modules)\n"
     )
@@ -416,7 +416,7 @@ def gated(n: int = 1) -> int:
 
 @pytest.mark.skipif(
     not _flowrun_announces_parks(),
-    reason="hosts/_flowrun.py does not call _events.announce_parked yet (the wiring is listed in helper E's report)",
+    reason="prefect/_flowrun.py does not call _events.announce_parked yet (the wiring is listed in helper E's report)",
 )
 def test_require_approval_inside_a_flow_emits_approval_requested_related_to_its_flow_run(
     ws: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
@@ -434,7 +434,7 @@ def test_require_approval_inside_a_flow_emits_approval_requested_related_to_its_
 
 
 def _decisions_are_observed() -> bool:
-    from smthrs_plugin.hooks._specs import SmthrsSpecs
+    from smthrs_plugin.hooks.specs import SmthrsSpecs
 
     return hasattr(SmthrsSpecs, "smthrs_approval_decided")
 

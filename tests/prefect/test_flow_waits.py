@@ -19,13 +19,13 @@ from prefect import flow
 
 import smthrs_plugin as sp
 from smthrs_plugin.control import NodeTarget
-from smthrs_plugin.engine._cancellation import cancel_run
-from smthrs_plugin.engine._context import RunCancelled
-from smthrs_plugin.engine.drive._driver import RunDriver
+from smthrs_plugin.engine.cancellation import cancel_run
+from smthrs_plugin.engine.context import RunCancelled
+from smthrs_plugin.engine.drive.driver import RunDriver
 from smthrs_plugin.errors import WaitError
-from smthrs_plugin.hosts._flows import flow_fn, flow_name
-from smthrs_plugin.hosts._steprun import current_spec
-from smthrs_plugin.records._wait_rows import TimerWait
+from smthrs_plugin.prefect.flows import flow_fn, flow_name
+from smthrs_plugin.prefect.steprun import current_spec
+from smthrs_plugin.records.wait_rows import TimerWait
 
 
 @pytest.fixture(autouse=True)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.records._waits import WaitStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.records.waits import WaitStore
+from smthrs_plugin.stores.database import open_database
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 

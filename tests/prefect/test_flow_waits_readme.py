@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from _timetravel import let_the_deadline_pass
 
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.stores.database import open_database
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 

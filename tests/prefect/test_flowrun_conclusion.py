@@ -1,4 +1,4 @@
-"""How a direct Prefect flow run's smthrs run is concluded (``hosts/_flowrun.py``): a normal return is settled
+"""How a direct Prefect flow run's smthrs run is concluded (``prefect/_flowrun.py``): a normal return is settled
 ``completed`` BEFORE Prefect shows the flow run Completed, so a process dying in Prefect's completion hooks leaves
 nothing ``running``; the other endings follow what Prefect records (a returned Failed state, a return value Prefect
 could not persist). Real flow runs on the session's Prefect server, real subprocesses killed with SIGKILL, SQLite
@@ -20,10 +20,10 @@ from prefect import flow
 from prefect.states import Failed
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts._steprun import current_spec
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import RunStore
-from smthrs_plugin.stores._database import open_database
+from smthrs_plugin.prefect.steprun import current_spec
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.stores.database import open_database
 
 pytestmark = pytest.mark.prefect
 

@@ -16,8 +16,8 @@ from prefect.results import ResultStore
 from prefect.states import Completed, Failed, Pending
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts._taskstate import returned as _returned
-from smthrs_plugin.hosts.prefect import PrefectHost, artifact_key
+from smthrs_plugin.prefect._taskstate import returned as _returned
+from smthrs_plugin.prefect.host import PrefectHost, artifact_key
 
 pytestmark = pytest.mark.prefect
 

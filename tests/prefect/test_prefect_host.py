@@ -15,7 +15,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts.prefect import PrefectHost, artifact_key
+from smthrs_plugin.prefect.host import PrefectHost, artifact_key
 
 pytestmark = pytest.mark.prefect
 

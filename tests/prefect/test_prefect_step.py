@@ -12,7 +12,7 @@ from prefect import flow
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import BoundaryRefusal, CacheError
-from smthrs_plugin.hosts._steprun import current_spec
+from smthrs_plugin.prefect.steprun import current_spec
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Where node and step bodies run (hosts/_remote.py, issue 17): the placement decision from the flow's task runner
+"""Where node and step bodies run (prefect/_remote.py, issue 17): the placement decision from the flow's task runner
 and the ``execution`` choice, the refusal of a store workers cannot reach, the settings that carry the choice,
 errors that cross a process boundary intact, the worker side of a body (``_run_body``) and the coordinator side
 (``RemoteTarget.run``: ship, retry once on a missing input, apply the delta).
@@ -21,13 +21,13 @@ import pytest
 
 import smthrs_plugin as sp
 import smthrs_plugin.errors as errors_mod
-from smthrs_plugin.boundary._transfer import Delta, Entry, manifest_of, upload
+from smthrs_plugin.boundary.transfer import Delta, Entry, manifest_of, upload
 from smthrs_plugin.errors import RemoteError, SettingsError, SmthrsError, WaitError
-from smthrs_plugin.hosts._remote import RemoteTarget, _Box, _Returned, _run_body, _Shipment, execution_for
-from smthrs_plugin.hosts._steprun import step_settings
-from smthrs_plugin.hosts.prefect import PrefectHost
+from smthrs_plugin.prefect._remote import RemoteTarget, _Box, _Returned, _run_body, _Shipment, execution_for
+from smthrs_plugin.prefect.host import PrefectHost
+from smthrs_plugin.prefect.steprun import step_settings
 from smthrs_plugin.settings import Settings, load_settings
-from smthrs_plugin.stores._artifacts import ArtifactStore
+from smthrs_plugin.stores.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.prefect
 

@@ -30,8 +30,8 @@ import pytest
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import RemoteError, SchedulerError
-from smthrs_plugin.hosts import _remote
-from smthrs_plugin.hosts.prefect import PrefectHost
+from smthrs_plugin.prefect import _remote
+from smthrs_plugin.prefect.host import PrefectHost
 
 pytestmark = [pytest.mark.prefect, pytest.mark.s3, pytest.mark.slow]
 

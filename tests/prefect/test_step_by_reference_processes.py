@@ -25,13 +25,13 @@ SITECUSTOMIZE = """\
 import os
 
 def _install():
-    from smthrs_plugin.codecs import _frames
-    original = _frames._Arrow.digest_form
+    from smthrs_plugin.codecs import frames
+    original = frames._Arrow.digest_form
     def logged(self, table):
         with open(os.environ["HASH_LOG"], "a") as f:
             f.write(f"{os.getpid()}\\n")
         return original(self, table)
-    _frames._Arrow.digest_form = logged
+    frames._Arrow.digest_form = logged
 
 if os.environ.get("HASH_LOG"):
     _install()

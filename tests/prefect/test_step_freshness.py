@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import smthrs_plugin as sp
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.errors import CacheError
-from smthrs_plugin.hosts._steprun import current_spec
+from smthrs_plugin.prefect.steprun import current_spec
 
 pytestmark = pytest.mark.prefect
 

@@ -12,7 +12,7 @@ from _prefect_support import events_of, poll
 from prefect import flow
 
 import smthrs_plugin as sp
-from smthrs_plugin.hosts._steprun import current_spec
+from smthrs_plugin.prefect.steprun import current_spec
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +63,7 @@ def ws(tmp_path: Path) -> Any:
 
 
 def _settled(flow_run_id: str) -> list[dict[str, Any]]:
-    from smthrs_plugin.hosts._stepjournal import flush_hits
+    from smthrs_plugin.prefect._stepjournal import flush_hits
 
     flush_hits()
     rt = current_spec().open()

@@ -20,12 +20,12 @@ from _prefect_support import run_py
 from typer.testing import CliRunner
 
 import smthrs_plugin as sp
-from smthrs_plugin.cache._explain import diff_components
+from smthrs_plugin.cache.explain import diff_components
 from smthrs_plugin.cli import app
 from smthrs_plugin.errors import CacheError
-from smthrs_plugin.hosts import _reach
-from smthrs_plugin.hosts._reach import module_name_of, name_from_path, step_identity
-from smthrs_plugin.hosts._steprun import current_spec
+from smthrs_plugin.prefect import _reach
+from smthrs_plugin.prefect._reach import module_name_of, name_from_path, step_identity
+from smthrs_plugin.prefect.steprun import current_spec
 
 pytestmark = pytest.mark.prefect
 

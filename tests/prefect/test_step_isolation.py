@@ -80,7 +80,7 @@ ETL = textwrap.dedent(
 
 
     if __name__ == "__main__":
-        from smthrs_plugin.hosts._steprun import current_spec
+        from smthrs_plugin.prefect.steprun import current_spec
 
         with sp.step_settings(workspace="."):
             out = etl(sys.argv[1])

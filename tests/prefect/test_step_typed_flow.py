@@ -18,9 +18,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel
 
 import smthrs_plugin as sp
-from smthrs_plugin.codecs import _frames
+from smthrs_plugin.codecs import frames
 from smthrs_plugin.errors import CacheError
-from smthrs_plugin.hosts._steprun import current_spec
+from smthrs_plugin.prefect.steprun import current_spec
 
 
 @pytest.fixture(autouse=True)
@@ -129,13 +129,13 @@ def ws(tmp_path: Path) -> Any:
 def stream_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many times a frame's canonical stream was HASHED to key it (the codecs' by-reference path skips it)."""
     calls: list[int] = []
-    original = _frames._Arrow.digest_form
+    original = frames._Arrow.digest_form
 
     def counting(self: Any, table: Any) -> Any:
         calls.append(table.num_rows)
         return original(self, table)
 
-    monkeypatch.setattr(_frames._Arrow, "digest_form", counting)
+    monkeypatch.setattr(frames._Arrow, "digest_form", counting)
     return calls
 
 
@@ -191,7 +191,7 @@ def test_a_cached_frame_hashed_again_keys_like_the_frame_it_was_stored_from(
     assert asyncio.run(peak_of(WINDOW)) == dt.date(2026, 3, 6)
     # Without the by-reference shortcut (e.g. a frame that crossed a process boundary), the decoded frame is hashed
     # again — and its canonical stream is the one stored, so the next step still hits.
-    monkeypatch.setattr(_frames._IDENTITIES, "lookup", lambda obj: None)
+    monkeypatch.setattr(frames._IDENTITIES, "lookup", lambda obj: None)
     stream_hashes.clear()
     assert asyncio.run(peak_of(WINDOW)) == dt.date(2026, 3, 6)
     assert stream_hashes == [5]

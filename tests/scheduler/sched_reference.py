@@ -141,7 +141,7 @@ class ReferenceCoordinator:
             if r.outcome in SUCCESS:
                 self.s.set_result(n, r.value)
             assert job.final is not None, "the reference does not handle conflicts or deviations"
-            from smthrs_plugin.scheduler._job import error_line
+            from smthrs_plugin.scheduler.job import error_line
 
             self._settle(n, job.final, journal=False, error=error_line(r.error))
         self.s.flush()

@@ -12,15 +12,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from smthrs_plugin.boundary._measure import Measurer
-from smthrs_plugin.cache._dispatch import CacheDispatcher
-from smthrs_plugin.engine.ownership._arbiter import Activated, Ownership
-from smthrs_plugin.records._journal import Journal
-from smthrs_plugin.records._runs import OwnerId, RunStore
+from smthrs_plugin.boundary.measure import Measurer
+from smthrs_plugin.cache.dispatch import CacheDispatcher
+from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
+from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.scheduler import InlineHost, PlanScheduler
-from smthrs_plugin.stores._artifacts import ArtifactStore
-from smthrs_plugin.stores._database import Database, open_database
-from smthrs_plugin.stores._schema import attempts, step_cache
+from smthrs_plugin.stores.artifacts import ArtifactStore
+from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.stores.schema import attempts, step_cache
 
 #: Journal payload members that vary between otherwise identical runs, dropped at any depth together with every
 #: ``*_at_ms`` timestamp (the lifecycle ``fact`` of engine records carries the run's timestamps).

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sched_support import make_env  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
-from smthrs_plugin.engine.ownership._liveness import SameHostPidProbe  # noqa: E402
+from smthrs_plugin.engine.ownership.liveness import SameHostPidProbe  # noqa: E402
 from smthrs_plugin.scheduler import NodeInput, ThreadHost  # noqa: E402
 
 RUN = "crash-run"

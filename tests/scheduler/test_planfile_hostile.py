@@ -26,9 +26,8 @@ import pytest
 import yaml
 
 from smthrs_plugin.errors import PlanError
-from smthrs_plugin.plan._compile import DEFAULT_MAXIMUM_PLAN_NODES
+from smthrs_plugin.plan.compile import DEFAULT_MAXIMUM_PLAN_NODES
 from smthrs_plugin.scheduler import _safe_yaml
-from smthrs_plugin.scheduler._planfile import MAX_ID_CHARS, read_plan_file
 from smthrs_plugin.scheduler._safe_yaml import (
     MAX_DEPTH,
     MAX_FILE_BYTES,
@@ -36,6 +35,7 @@ from smthrs_plugin.scheduler._safe_yaml import (
     load_bounded,
     read_bounded,
 )
+from smthrs_plugin.scheduler.planfile import MAX_ID_CHARS, read_plan_file
 
 ADDRESS_SPACE = 1 << 30
 PEAK_RSS_KB = 200 * 1024

@@ -20,7 +20,7 @@ from smthrs_plugin.scheduler import (
     ReconcileContext,
     Reorder,
 )
-from smthrs_plugin.stores._plan_tables import plan_generations, plan_merges
+from smthrs_plugin.stores.plan_tables import plan_generations, plan_merges
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_non_sealed_tiers_use_run_local_keys_that_never_reach_the_shared_cache(e
             sp.plan.node("s", body=1, writes=["s.txt"]),
         ],
     )
-    from smthrs_plugin.plan._keys import run_local_key
+    from smthrs_plugin.plan.keys import run_local_key
 
     report = env.scheduler().run(plan, _intruder(env, "none", 0))
     assert report.settlement("c").dispatch_key == run_local_key("p", "c", plan.node("c").key, "r1")

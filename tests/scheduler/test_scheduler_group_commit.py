@@ -19,11 +19,11 @@ from sqlalchemy.engine import Connection
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import StoreError
-from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.scheduler import ThreadHost
 from smthrs_plugin.scheduler._commits import CommitQueue
-from smthrs_plugin.stores._database import Database, open_database
-from smthrs_plugin.stores._schema import attempts
+from smthrs_plugin.stores.database import Database, open_database
+from smthrs_plugin.stores.schema import attempts
 
 DEADLINE_S = 120.0  # an upper bound on waiting for a child; a failure, never a measurement
 NODES = 2000  # far more than settle before the kill point, on any machine
@@ -218,7 +218,7 @@ class _SelfCommitting:
         self.db = db
 
     def dispatch(self, request: Any, execute: Any) -> Any:
-        from smthrs_plugin.cache._model import DispatchResult, Miss
+        from smthrs_plugin.cache.model import DispatchResult, Miss
 
         result = DispatchResult("built", request.key, Miss(), value=execute(request.workspace))
         self.db.write(lambda c: request.on_settled(c, result))
@@ -267,7 +267,7 @@ def test_a_pipelined_job_still_running_when_the_pass_parks_settles_its_attempt_a
     begins first, so the job's later settlement, committed alone, completes its attempt row."""
     from sched_support import make_env
 
-    from smthrs_plugin.engine._context import RunParked
+    from smthrs_plugin.engine.context import RunParked
 
     env = make_env(tmp_path)
     release = threading.Event()

@@ -17,7 +17,7 @@ from sched_support import Env, make_env
 from smthrs_plugin.errors import SchedulerError
 from smthrs_plugin.plan import Pending, compile_plan, node
 from smthrs_plugin.scheduler import NodeInput, PlanScheduler, ThreadHost
-from smthrs_plugin.scheduler._planfile import PlanFileExecutor
+from smthrs_plugin.scheduler.planfile import PlanFileExecutor
 
 DEADLINE_S = 60.0
 

@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from sched_support import Env, make_env
 
-from smthrs_plugin.observe._metrics import SCHEDULER_DISPATCH_DURATION, SCHEDULER_NODES, Metrics
+from smthrs_plugin.observe.metrics import SCHEDULER_DISPATCH_DURATION, SCHEDULER_NODES, Metrics
 from smthrs_plugin.plan import Ref, compile_plan, node
 from smthrs_plugin.scheduler import NodeInput
 

@@ -150,7 +150,7 @@ def test_wait_and_approval_nodes_are_kept_as_data_the_gate_refused_and_the_timer
     assert plan.node("cool-down").draft.wait == {"seconds": 600}
     with sp.open_runtime(workspace=tmp_path / "ws") as rt:
         # Both are enforced now: a pending approval gate and a timer beyond the in-process budget (600 s) each
-        # park the run durably; the pass stops at whichever it meets first (tests/waits, tests/control).
+        # park the run durably; the pass stops at whichever it meets first (tests/engine/waits, tests/control).
         with pytest.raises(sp.RunParked) as parked:
             rt.scheduler("r1").run(plan, executor)
         rec = rt.runs.get("r1")

@@ -25,8 +25,8 @@ from sched_support import make_env
 from sched_worker import RUN, executor_for, scenario_plan
 
 from smthrs_plugin.scheduler import ThreadHost
-from smthrs_plugin.stores._database import open_database
-from smthrs_plugin.stores._plan_tables import plan_generations, plan_merges
+from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.stores.plan_tables import plan_generations, plan_merges
 
 pytestmark = pytest.mark.slow
 

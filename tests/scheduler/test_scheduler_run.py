@@ -12,10 +12,10 @@ import pytest
 from sched_support import Env, make_env
 
 import smthrs_plugin as sp
-from smthrs_plugin.boundary._measure import Measurer
+from smthrs_plugin.boundary.measure import Measurer
 from smthrs_plugin.errors import GraphError, SchedulerError, SettingsError
 from smthrs_plugin.plan import ABSENT
-from smthrs_plugin.plan._keys import dispatch_key
+from smthrs_plugin.plan.keys import dispatch_key
 from smthrs_plugin.scheduler import InlineHost, NodeInput, ThreadHost
 
 
@@ -241,7 +241,7 @@ def test_source_pins_are_restored_on_reopen_without_remeasuring_or_reexpanding_g
 
     def counting(f: Any) -> str:
         hashed.append(os.readlink(f"/proc/self/fd/{f.fileno()}"))
-        from smthrs_plugin.boundary._measure import sha256_file
+        from smthrs_plugin.boundary.measure import sha256_file
 
         return sha256_file(f)
 

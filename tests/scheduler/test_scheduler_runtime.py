@@ -8,7 +8,7 @@ import pytest
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import SchedulerError
-from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.records.runs import RunStore
 
 README_EXAMPLE = """
 import smthrs_plugin as sp

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from sched_support import Env, make_env
 
 import smthrs_plugin as sp
-from smthrs_plugin.engine._facts import SUMMARY_STATUSES, lifecycle_fact, run_summary_in, summary_status
-from smthrs_plugin.records._runs import RunStore
+from smthrs_plugin.engine.facts import SUMMARY_STATUSES, lifecycle_fact, run_summary_in, summary_status
+from smthrs_plugin.records.runs import RunStore
 from smthrs_plugin.scheduler import InlineHost, NodeInput, ThreadHost
-from smthrs_plugin.stores._schema import runs as runs_table
+from smthrs_plugin.stores.schema import runs as runs_table
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_a_parked_run_summary_says_why_it_waits_in_camel_case(env: Env) -> None:
 
 
 def test_control_lifecycle_facts_carry_the_run_summary_of_an_admitted_and_driven_run(tmp_path: Path) -> None:
-    from smthrs_plugin.cli._control_support import PlanLauncher
+    from smthrs_plugin.cli.control_support import PlanLauncher
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 import smthrs_plugin as sp
 from smthrs_plugin.runtime import Runtime
-from smthrs_plugin.stores._database import Database
+from smthrs_plugin.stores.database import Database
 
 LISTENING = "smthrs serve: listening on "
 TOKEN = "smthrs serve: approval token: "
@@ -240,7 +240,7 @@ def plan_text() -> str:
 @pytest.fixture
 def card(rt: Runtime, workspace: Path, plan_text: str) -> Any:
     """The gated plan's card, planned in this process from ``workspace/plan.yaml`` (its approval pending)."""
-    from smthrs_plugin.scheduler._planfile import read_plan_file
+    from smthrs_plugin.scheduler.planfile import read_plan_file
 
     f = workspace / "plan.yaml"
     f.write_text(plan_text)
@@ -251,7 +251,7 @@ def card(rt: Runtime, workspace: Path, plan_text: str) -> Any:
 @pytest.fixture
 def parked_run(rt: Runtime, card: Any) -> str:
     """A run of the approved card, parked ``waiting-approval`` on its node request ``ship``."""
-    from smthrs_plugin.cli._control_support import PlanLauncher
+    from smthrs_plugin.cli.control_support import PlanLauncher
 
     control = rt.control()
     control.approve(card.approval)
@@ -269,7 +269,7 @@ def _gate_flow(ctx: Any) -> dict[str, Any]:
 def driver(rt: Runtime) -> Iterator[Any]:
     """A run driver in this process whose flow ``gate`` waits for the deferred ``approval`` (wait budget 0: it parks
     at once)."""
-    from smthrs_plugin.engine.drive._driver import RunDriver
+    from smthrs_plugin.engine.drive.driver import RunDriver
     from smthrs_plugin.settings import load_settings
 
     settings = load_settings(
@@ -284,7 +284,7 @@ def driver(rt: Runtime) -> Iterator[Any]:
 @pytest.fixture
 def waiting_run(driver: Any) -> str:
     """A run parked ``event`` on its wait ``approval``."""
-    from smthrs_plugin.engine.drive._active_run import DriveParked
+    from smthrs_plugin.engine.drive.active_run import DriveParked
 
     driver.submit("waiting-1", "gate")
     assert isinstance(driver.drive("waiting-1"), DriveParked)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from smthrs_plugin.control._identity import MAX_CANONICAL_BYTES
+from smthrs_plugin.control.identity import MAX_CANONICAL_BYTES
 from smthrs_plugin.runtime import Runtime
-from smthrs_plugin.serve._rpc import (
+from smthrs_plugin.serve.rpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -29,7 +29,7 @@ from smthrs_plugin.serve._rpc import (
     RpcFailure,
     parse_call,
 )
-from smthrs_plugin.serve._wire import MAX_BODY_BYTES
+from smthrs_plugin.serve.wire import MAX_BODY_BYTES
 
 State = Callable[[], dict[str, list[tuple[Any, ...]]]]
 
@@ -265,7 +265,7 @@ def test_plan_show_and_runs_answer_what_the_cli_prints(
 
 
 def test_signal_answers_the_object_smthrs_signal_prints(server: Any, workspace: Path, driver: Any) -> None:
-    from smthrs_plugin.engine.drive._active_run import DriveParked
+    from smthrs_plugin.engine.drive.active_run import DriveParked
 
     for rid in ("w-cli", "w-rpc"):
         driver.submit(rid, "gate")

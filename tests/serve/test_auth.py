@@ -20,7 +20,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from smthrs_plugin.control._identity import Principal
+from smthrs_plugin.control.identity import Principal
 from smthrs_plugin.errors import ControlError
 from smthrs_plugin.serve._auth import MIN_TOKEN_CHARS, ServeAuth, auth_for_bind, is_loopback
 

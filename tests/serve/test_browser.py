@@ -227,8 +227,8 @@ def test_hostile_plan_ids_flows_and_commands_render_as_text_and_never_run_script
     ws: Path, server: Server, browser: Any
 ) -> None:
     import smthrs_plugin as sp
-    from smthrs_plugin.cli._control_support import PlanLauncher
-    from smthrs_plugin.control._receipts import Accepted
+    from smthrs_plugin.cli.control_support import PlanLauncher
+    from smthrs_plugin.control.receipts import Accepted
     from smthrs_plugin.plan import compile_plan, node
 
     script = "<script>window.__pwned=1</script>"
@@ -280,10 +280,10 @@ def test_the_live_view_resumes_from_its_last_cursor_across_a_server_restart_with
     import urllib.parse
 
     import smthrs_plugin as sp
-    from smthrs_plugin.cli._control_support import PlanLauncher
-    from smthrs_plugin.control._authority import NodeTarget
-    from smthrs_plugin.control._receipts import Accepted
-    from smthrs_plugin.observe._watch import watch
+    from smthrs_plugin.cli.control_support import PlanLauncher
+    from smthrs_plugin.control.authority import NodeTarget
+    from smthrs_plugin.control.receipts import Accepted
+    from smthrs_plugin.observe.watch import watch
     from smthrs_plugin.plan import compile_plan, node
 
     plan = compile_plan(

@@ -23,10 +23,10 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.runtime import Runtime
 from smthrs_plugin.serve._auth import MAX_TOKEN_FILE_BYTES
-from smthrs_plugin.serve._rpc import INVALID_REQUEST, PARSE_ERROR
+from smthrs_plugin.serve.rpc import INVALID_REQUEST, PARSE_ERROR
 
 State = Callable[[], dict[str, list[tuple[Any, ...]]]]
 Poll = Callable[..., Any]

@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from smthrs_plugin.records._journal import Journal
+from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.runtime import Runtime
 
 DEADLINE_S = 120.0

@@ -13,14 +13,14 @@ import pytest
 import sqlalchemy as sa
 
 import smthrs_plugin as sp
-from smthrs_plugin.cli._control_support import PlanLauncher
-from smthrs_plugin.control._authority import NodeTarget
-from smthrs_plugin.control._control import Control
-from smthrs_plugin.control._receipts import Accepted, Parked
+from smthrs_plugin.cli.control_support import PlanLauncher
+from smthrs_plugin.control.authority import NodeTarget
+from smthrs_plugin.control.facade import Control
+from smthrs_plugin.control.receipts import Accepted, Parked
 from smthrs_plugin.errors import ControlError
 from smthrs_plugin.plan import Plan, compile_plan, node
 from smthrs_plugin.runtime import Runtime, open_runtime
-from smthrs_plugin.scheduler._planfile import PlanFileExecutor
+from smthrs_plugin.scheduler.planfile import PlanFileExecutor
 from smthrs_plugin.serve._review import card_view, pending_items
 
 ENV = {"capabilities": ["deploy:prod"]}

@@ -8,7 +8,8 @@ runs nobody is driving.
 
 from __future__ import annotations
 
-from ._active_run import (
+from ._sweeps import SWEEP_BATCH, Candidate, RetryPolicy, cancel_candidates, runnable_candidates
+from .active_run import (
     ActiveRun,
     DriveLost,
     DriveNotClaimed,
@@ -23,8 +24,7 @@ from ._active_run import (
     FlowParked,
     error_json,
 )
-from ._driver import FlowFn, Registration, RunDriver, TickReport
-from ._sweeps import SWEEP_BATCH, Candidate, RetryPolicy, cancel_candidates, runnable_candidates
+from .driver import FlowFn, Registration, RunDriver, TickReport
 
 __all__ = [
     "ActiveRun",

@@ -10,7 +10,7 @@ Invariants:
   runs with one (admitted, never started) — of ANY flow: cancelling needs no flow code.
 - **Runnable candidates**: runs of the flows this process registered that any driver may claim now: parked
   ``released`` (a shutdown or lapsed lease gave them back) and ``pending`` (created, or woken by a timer or a
-  deferred). Stale ``running`` rows are the stale sweep's (``_stale_sweep.py``).
+  deferred). Stale ``running`` rows are the stale sweep's (``stale_sweep.py``).
 - **Clock fires** retry with capped exponential backoff, forever by default (100 ms doubling to 30 s): a fire
   that fails transiently is never lost until a restart.
 
@@ -23,10 +23,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ...records._runs import pending_runs
-from ...records._wait_rows import WaitingFilter
-from ...records._waits import WaitStore
-from ...stores._database import Database
+from ...records.runs import pending_runs
+from ...records.wait_rows import WaitingFilter
+from ...records.waits import WaitStore
+from ...stores.database import Database
 
 __all__ = ["RetryPolicy", "Candidate", "cancel_candidates", "runnable_candidates", "SWEEP_BATCH"]
 

@@ -10,7 +10,7 @@ workflow tasks, DBOS's recovery of pending workflows.
 
 from __future__ import annotations
 
-from ._arbiter import (
+from .arbiter import (
     CLAIMABLE_STATUSES,
     Activated,
     ActivationLost,
@@ -27,8 +27,8 @@ from ._arbiter import (
     assert_owner,
     current_owner,
 )
-from ._heartbeat import Heartbeater, Interrupt
-from ._liveness import (
+from .heartbeat import Heartbeater, Interrupt
+from .liveness import (
     Alive,
     Dead,
     LeaseLiveness,
@@ -39,7 +39,7 @@ from ._liveness import (
     pid_alive,
     process_start_token,
 )
-from ._stale_sweep import STALE_SWEEP_BATCH, StaleSweep, SweepTick
+from .stale_sweep import STALE_SWEEP_BATCH, StaleSweep, SweepTick
 
 __all__ = [
     "Activated",

@@ -1,6 +1,6 @@
 """alembic environment for smthrs_plugin's store.
 
-At runtime ``stores/_migrate.py`` passes an open connection (inside the transaction that holds the migration
+At runtime ``stores/migrate.py`` passes an open connection (inside the transaction that holds the migration
 lock) through ``config.attributes["connection"]``; alembic then joins that transaction. From a checkout, the
 alembic CLI works too: ``alembic -c smthrs_plugin/stores/migrations/alembic.ini -x url=sqlite:///x.db upgrade
 heads`` (or ``revision -m "add waits"`` to start a new migration file).
@@ -12,8 +12,8 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from smthrs_plugin.stores._migrate import VERSION_TABLE
-from smthrs_plugin.stores._schema import metadata
+from smthrs_plugin.stores.migrate import VERSION_TABLE
+from smthrs_plugin.stores.schema import metadata
 
 config = context.config
 

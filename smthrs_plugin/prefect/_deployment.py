@@ -1,0 +1,198 @@
+"""Deployed durable flows: a flow run of a Prefect deployment waits in Prefect's own states, so the deployment's
+runner (``flow.serve()``) or work-pool worker continues it — no ``smthrs worker`` is needed.
+
+**How a deployment flow run is detected**: its ``FlowRunContext.flow_run.deployment_id`` is set
+(:func:`deployment_of`). Prefect sets it on every flow run created from a deployment — ``run_deployment``, a
+schedule, the UI, an automation — and those are exactly the flow runs a runner or a worker executes again when
+their state becomes ``Scheduled``. A direct call of the flow (a script, a test, a ``smthrs worker`` drive) has none
+and keeps today's behaviour: it parks *Paused* and ``smthrs worker --flow MODULE:FLOW`` continues it
+(``_flowrun.py``).
+
+Invariants
+- **Durable first.** The smthrs run is parked (fenced) before Prefect hears anything; Prefect's state only decides
+  WHEN the flow run executes again, never what it finds there: a re-execution reads the durable waits (a clock not
+  yet due parks again at its stored deadline, an undecided approval parks again).
+- **What Prefect is told** (state name ``Parked``; the message says what the run waits for):
+
+  * a timer → ``Scheduled`` at the stored deadline plus :data:`EARLY_START_MARGIN_MS`. The runner and workers poll
+    for Scheduled flow runs of their deployments (``ScheduledRunPoller``: ``scheduled_before = now + prefetch``)
+    and the server holds the Running transition until ``scheduled_time`` (``WaitForScheduledTime``) — but it
+    rounds the remaining delay to whole seconds, so a flow run may start up to half a second early; the margin
+    keeps that early start from finding the clock not yet due and parking once more.
+  * an approval or an event → ``Paused`` with ``pause_reschedule`` set: Prefect's own suspension (what
+    ``suspend_flow_run`` writes). Nothing runs it until it is resumed: :func:`resume_parked` — called by the Prefect
+    plugin's run waker after ``smthrs approve``/``deny``, ``sp.complete``, ``Control.signal`` or ``cancel``, in
+    whichever process decided — turns it ``Scheduled`` (``Resuming``) now, and the runner picks it up.
+- **No lost wake-up.** A wait answered between the durable park and Prefect's Paused state finds nothing to
+  resume, so after Prefect shows Paused the park checks the wait again and resumes the flow run itself when it was
+  answered meanwhile. Resuming is Prefect's compare-and-set (only a PAUSED flow run is resumed; the second asker
+  gets ABORT, answered :class:`HostNotParked`), so both sides asking is harmless.
+- **The same run on every execution** (:func:`claim_run`). Prefect re-executes the SAME flow run id, which binds
+  to ``prefect-<flow run id>`` and claims it back from its park: settled steps are served ``clean``, finished waits
+  return at once. A run that settled ``failed`` is followed by ``prefect-<id>-2``, ``-3``... (a Prefect retry of a
+  failed flow run is a new attempt; a deterministic successor, so every later execution finds it again). One that
+  settled ``completed`` or ``cancelled`` (a worker finished it; ``smthrs cancel``) ends the flow run in the
+  matching Prefect state without running the body. One held by a live owner refuses (``FenceLost``): fencing is
+  unchanged — the process Prefect starts claims the run, a stale one is refused.
+- Prefect is reached with THIS process's Prefect settings (``PREFECT_API_URL`` or the active profile). Without an
+  API URL nothing is attempted — Prefect would start an ephemeral server, which is not the one running the
+  deployment — and the waker answers :class:`HostWakeFailed` saying so.
+
+Prior art: Prefect's ``suspend_flow_run``/``resume_flow_run`` (a suspended deployment flow run leaves its
+infrastructure and is rescheduled on resume); Temporal's durable timers held by the server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..engine.context import RunParked
+from ..engine.drive.active_run import ActiveRun
+from ..engine.ownership.arbiter import Activated, Terminal
+from ..engine.waits.flow_waits import HostNotParked, HostWake, HostWakeFailed, HostWoken
+from ..errors import FenceLost
+from ..runtime import Runtime
+
+__all__ = [
+    "HOST",
+    "PARKED_STATE",
+    "EARLY_START_MARGIN_MS",
+    "Settled",
+    "deployment_of",
+    "claim_run",
+    "parked_state",
+    "resume_parked",
+    "settled_signal",
+]
+
+#: The host name a wake outcome carries (``HostWoken.host``...), the Prefect plugin's name.
+HOST = "prefect"
+#: The name of every Prefect state that shows a parked smthrs run (Paused, or Scheduled for a deployment's timer).
+PARKED_STATE = "Parked"
+#: Added to a timer's deadline in Prefect's ``scheduled_time`` (see the module invariants).
+EARLY_START_MARGIN_MS = 1000
+#: How many successors of a failed run one flow run may start (a bound, not a policy: each is a Prefect retry).
+_MAX_ATTEMPT_RUNS = 1000
+
+
+def deployment_of(flow_run: Any) -> str | None:
+    """The deployment id of a Prefect flow run (``flow_run.deployment_id``), or ``None`` for a direct call."""
+    deployment = getattr(flow_run, "deployment_id", None)
+    return None if deployment is None else str(deployment)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The flow run's smthrs run already settled ``status`` (completed or cancelled): nothing left to execute."""
+
+    run_id: str
+    status: str
+
+
+def claim_run(rt: Runtime, flow_run_id: str, flow: str, deployment_id: str) -> ActiveRun | Settled:
+    """Claim the smthrs run of an execution of the deployment flow run ``flow_run_id`` (see the module invariants):
+    the parked (or pending, or first) run of the ``prefect-<id>`` chain, activated; ``Settled`` when it completed
+    or was cancelled; ``FenceLost`` when a live owner holds it."""
+    base = f"prefect-{flow_run_id}"
+    for n in range(1, _MAX_ATTEMPT_RUNS + 1):
+        run_id = base if n == 1 else f"{base}-{n}"
+        rt.runs.create(run_id, flow)
+        decision = rt.ownership.claim(run_id)
+        if isinstance(decision, Activated):
+            return ActiveRun(decision, flow, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
+        if isinstance(decision, Terminal):
+            if decision.status == "failed":
+                continue  # this execution is a retry of a failed attempt: the next run of the chain
+            return Settled(run_id, decision.status)
+        raise FenceLost(
+            "fence_lost",
+            f"smthrs run {run_id!r} of flow run {flow_run_id} (deployment {deployment_id}) is held by another live "
+            f"owner ({type(decision).__name__}): Prefect started this flow run while another process still runs "
+            f"it, and this execution stops. If that process died, retry the flow run once its lease lapses "
+            f"({rt.settings.stale_after_s:g} s)",
+            run_id=run_id,
+        )
+    raise FenceLost(
+        "fence_lost",
+        f"flow run {flow_run_id} (deployment {deployment_id}) already failed {_MAX_ATTEMPT_RUNS} smthrs runs; start "
+        "a new flow run of the deployment",
+        run_id=base,
+    )
+
+
+def parked_state(signal: RunParked, message: str) -> Any:
+    """The Prefect state a deployment flow run parked on ``signal`` is set to (see the module invariants)."""
+    from prefect.states import Paused, Scheduled
+
+    if signal.kind == "timer" and signal.due_at_ms is not None:
+        when = datetime.fromtimestamp((signal.due_at_ms + EARLY_START_MARGIN_MS) / 1000, tz=timezone.utc)
+        return Scheduled(scheduled_time=when, name=PARKED_STATE, message=message)
+    return Paused(reschedule=True, name=PARKED_STATE, message=message)
+
+
+def resume_parked(run_id: str, flow_run_id: str, deployment_id: str) -> HostWake:
+    """Resume the parked deployment flow run ``flow_run_id`` of smthrs run ``run_id`` through the Prefect API:
+    ``HostWoken`` (Prefect made it Scheduled now), ``HostNotParked`` (it is not Paused — running again, scheduled
+    at its timer, finished), or ``HostWakeFailed`` with the cause (no API URL, the server unreachable)."""
+    where = f"flow run {flow_run_id} of deployment {deployment_id}"
+    try:
+        from prefect.settings import get_current_settings
+
+        if not get_current_settings().api.url:
+            return HostWakeFailed(
+                run_id,
+                HOST,
+                f"{where} waits in Prefect, but this process has no Prefect API to resume it through "
+                "(PREFECT_API_URL is unset): set PREFECT_API_URL, or a Prefect profile, to the server that runs the "
+                "deployment — or resume it from the Prefect UI",
+            )
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.responses import SetStateStatus
+
+        with get_client(sync_client=True) as client:
+            result = client.resume_flow_run(uuid.UUID(flow_run_id))
+            if result.status == SetStateStatus.ACCEPT:
+                return HostWoken(run_id, HOST, f"{where} resumed: Prefect runs it again now")
+            state: Any = client.read_flow_run(uuid.UUID(flow_run_id)).state
+    except Exception as exc:  # answered with its cause: the caller's decision is committed already
+        return HostWakeFailed(
+            run_id,
+            HOST,
+            f"could not resume {where} through the Prefect API ({type(exc).__name__}: {exc}); resume it from the "
+            "Prefect UI once the server is reachable",
+            exc,
+        )
+    shown = "without a state" if state is None else f"{state.type.value} ({state.name!r})"
+    return HostNotParked(run_id, HOST, f"{where} is {shown}, not paused: Prefect runs it without being asked")
+
+
+def settled_signal(flow_run_id: str, settled: Settled) -> BaseException:
+    """What an execution of a deployment flow run raises when its smthrs run already settled: Prefect's ``Abort``
+    carrying the matching final state (set first, so the runner sees the flow run end ``Completed``/``Cancelled``
+    without running the body again), or ``FenceLost`` naming the cause when Prefect cannot be told."""
+    message = (
+        f"smthrs run {settled.run_id} already settled {settled.status}: this flow run has nothing left to do "
+        "(start a new flow run of the deployment to run the flow again)"
+    )
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import Abort
+        from prefect.states import Cancelled, Completed
+
+        state: Any = (
+            Completed(name="Settled", message=message)
+            if settled.status == "completed"
+            else Cancelled(message=message)
+        )
+        with get_client(sync_client=True) as client:
+            result = client.set_flow_run_state(uuid.UUID(flow_run_id), state, force=True)
+    except Exception as exc:  # raised below as the flow run's failure, with its cause
+        return FenceLost(
+            "fence_lost", f"{message}; Prefect could not be told ({exc!r})", run_id=settled.run_id, cause=exc
+        )
+    signal = Abort(message)
+    signal.state = result.state if result.state is not None else state  # type: ignore[attr-defined]  # read by Prefect's engine
+    return signal

@@ -1,0 +1,641 @@
+"""The smthrs run of a Prefect flow run: which run a ``@flow`` body's steps and durable waits belong to, who owns
+it, and what happens to both sides when it parks.
+
+Invariants
+- **One smthrs run per Prefect flow run**, bound on the flow run's first smthrs call (a step, a wait):
+  * *deployment* (the flow run has a ``deployment_id``: ``flow.serve()``'s runner or a work-pool worker runs it,
+    see ``_deployment.py``): as *direct* below, but Prefect itself executes the SAME flow run id again after a
+    park, and every execution claims the same run back (``prefect-<flow run id>``; never a fresh suffix).
+  * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
+    ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
+    :class:`~smthrs_plugin.engine.drive.active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
+    waits use). A process that exits before the flow run ends releases it (atexit), so nothing waits for the 30 s
+    lease. If that id is already settled or held, the flow run journals into a fresh suffix and says so: steps are
+    content-addressed, the run is only their journal.
+  * *driven* (a :class:`~smthrs_plugin.engine.drive.driver.RunDriver` drives a run of the flow: ``smthrs worker``,
+    :func:`~smthrs_plugin.prefect.flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
+    run context; the flow run binds to THAT run, and the driver concludes it.
+- **Completed in smthrs before Completed in Prefect** (direct and deployment flow runs). Prefect sets a flow run's
+  final state first and runs its state hooks after, so a process dying in between (a killed runner, an OOM) would
+  leave Prefect showing Completed — and never running that flow run again — while the smthrs run stays
+  ``running`` until a lease lapses. So the run is concluded ``completed`` (durably, flushed hit records included)
+  when the flow run engine proposes ``Completed`` for the flow run, before the proposal is sent:
+  :func:`_conclude_before_prefect` wraps ``set_flow_run_state`` of the engine's own client
+  (``FlowRunContext.client``, the one object of the engine a flow body can reach). Not a wrapper around the flow
+  function: the engine reads ``flow.fn`` before the body's first smthrs call binds the run, so it would miss every
+  first call of a flow object — and every execution of a deployment's flow run, each in a fresh process. Hence
+  ``completed`` follows exactly what Prefect is about to show: a normal return (after Prefect persisted its
+  result — Prefect 3.9 only warns when it cannot, and still proposes Completed), or a body that returned a
+  ``Completed`` state; a body that returns a ``Failed`` state ends ``failed`` like a raise (the hook below). A
+  process dying after our commit and before Prefect hears leaves the flow run Running until Prefect declares it
+  Crashed, the smthrs run rightly ``completed`` (a deployment's re-execution finds it settled and ends Completed
+  without running the body). If Prefect then refuses the proposal (the flow run was cancelled meanwhile), the
+  smthrs run still says ``completed``: the body did finish. If the conclusion itself fails (database gone), the
+  error propagates — Prefect shows the flow run Failed with it — and the unconcluded run is taken over after its
+  lease by a driver, never settled ``failed`` for a body that finished.
+- **Failed, crashed and cancelled endings** are concluded by a state hook appended to the flow (``failed``,
+  ``cancelled``; a crash by interruption releases it), after Prefect set them: a death in between leaves the run
+  ``running`` until a driver takes it over after the lease, and a retry Prefect grants instead of Failed
+  (``AwaitingRetry``) keeps the same run. After a normal return the completion hook finds the run concluded (an
+  idempotent no-op); it still concludes a ``Completed`` that reached Prefect some other way.
+- **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
+  ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.
+  The first record's parameters are what a driver calls the flow with when it resumes the run; the later ones
+  trace each incarnation; the latest tells the Prefect plugin's run waker which flow run to resume. When a
+  driver's flow run binds, the earlier incarnations Prefect still shows *Paused* (``Parked``) — or, for a
+  deployment, ``Scheduled`` to run again — are shown *Completed* (``Resumed``), naming the flow run that continues
+  them.
+- **Parking** (a wait beyond the in-process budget, a pending approval): the smthrs run is parked durably FIRST
+  (direct: right at the wait, fenced; driven: by the driver, as for any flow), then the Prefect flow run is set
+  *Paused* (state name ``Parked``, the message says what it waits for and how to resume) and the wait raises
+  :class:`ParkedFlowRun` — both our ``RunParked`` and Prefect's ``Pause`` signal — so Prefect records Paused rather
+  than Crashed and the caller can ``except sp.RunParked``. A deployment's flow run is set to the state Prefect
+  continues on its own instead (``Scheduled`` at a timer's deadline, ``Paused`` with reschedule for an approval or
+  an event; ``_deployment.py``), and re-checks its wait once Prefect shows it, so an answer that arrived in between
+  is not lost. A direct flow run whose parameters are not plain JSON refuses to park
+  (``WaitError(unresumable_flow)``): no driver could ever call it again.
+
+Prior art: Temporal's workflow id (a run is keyed by the caller, incarnations are runs of it); Prefect's own
+``suspend_flow_run`` (a Paused state plus a ``Pause`` signal), which needs a deployment to come back — ours needs
+only a driver that imports the flow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import logging
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+from ..canonical import canonical_bytes
+from ..engine.context import RunContext, RunParked, RunReleased
+from ..engine.drive.active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
+from ..engine.ownership.arbiter import Activated
+from ..engine.waits.flow_waits import HostWakeFailed
+from ..errors import CanonicalError, FenceLost, WaitError
+from ..records.journal import Journal
+from ..runtime import Runtime
+from ..stores.database import Database
+from . import _events
+from ._deployment import (
+    PARKED_STATE,
+    Settled,
+    claim_run,
+    deployment_of,
+    parked_state,
+    resume_parked,
+    settled_signal,
+)
+from ._stepjournal import flush_hits
+from .steprun import StepContext, current_spec
+
+__all__ = [
+    "FLOW_PREFIX",
+    "RECORD_TYPE",
+    "ParkedFlowRun",
+    "flow_name",
+    "context_for_call",
+    "bind_flow_run",
+    "run_context",
+    "driving",
+    "pause_flow_run",
+    "recorded_parameters",
+    "deployment_flow_run_of",
+]
+
+log = logging.getLogger(__name__)
+
+FLOW_PREFIX = "prefect/"
+RECORD_TYPE = "prefect-flow-run"
+_PARKED_STATE = PARKED_STATE
+#: How a parked Prefect flow's run comes back (a plan run says its own way: ``pause_flow_run(resume=...)``).
+FLOW_RESUME = "a worker that registers this flow resumes it: smthrs worker --flow MODULE:FLOW"
+#: How a parked flow run of a deployment comes back.
+DEPLOYMENT_RESUME = "Prefect runs this flow run of its deployment again (no smthrs worker needed)"
+
+
+def flow_name(flow: Any) -> str:
+    """The smthrs flow name of a Prefect flow: ``prefect/<flow name>`` (what a driver registers it under)."""
+    return f"{FLOW_PREFIX}{getattr(flow, 'name', None) or 'flow'}"
+
+
+class ParkedFlowRun(RunParked):
+    """``RunParked`` raised inside a Prefect flow run; also Prefect's ``Pause`` signal (see :func:`_signal_class`)."""
+
+
+_SIGNAL: type[ParkedFlowRun] | None = None
+
+
+def _signal_class() -> type[ParkedFlowRun]:
+    # Built on first use: deriving from prefect.exceptions.Pause at import time would import Prefect with
+    # smthrs_plugin. Prefect's flow engine re-raises a Pause untouched and keeps the state it carries.
+    global _SIGNAL
+    if _SIGNAL is None:
+        from prefect.exceptions import Pause
+
+        _SIGNAL = type("ParkedFlowRun", (ParkedFlowRun, Pause), {"__module__": __name__})
+    return _SIGNAL
+
+
+@dataclass
+class _FlowRun:
+    ctx: StepContext
+    runtime: Runtime
+    run: RunContext
+    active: ActiveRun | None  # None: a driver owns the run and concludes it
+    parameters_error: str | None
+    deployment_id: str | None = None  # set: Prefect continues a park of this flow run (``_deployment.py``)
+
+
+_FLOW_RUNS: dict[str, _FlowRun] = {}
+_FR_LOCK = threading.Lock()
+_DRIVEN: ContextVar[RunContext | None] = ContextVar("smthrs_driven_flow", default=None)
+
+
+@contextmanager
+def driving(ctx: RunContext) -> Iterator[RunContext]:
+    """Around a driver's call of a flow: flow runs started inside bind to ``ctx``'s run, and a wait that parks
+    tells Prefect the flow run paused (the driver parks the run itself). On exit the flow runs bound to the run
+    are forgotten and their buffered hit records written, before the driver concludes the run."""
+    token = _DRIVEN.set(ctx)
+    before = ctx.on_park
+    ctx.on_park = partial(_pause_driven, ctx.waits.db)
+    try:
+        yield ctx
+    finally:
+        ctx.on_park = before
+        _DRIVEN.reset(token)
+        _unbind(ctx.run_id)
+
+
+def _prefect_flow_run() -> Any:
+    ctx_mod = sys.modules.get("prefect.context")
+    if ctx_mod is None:
+        return None
+    frc = ctx_mod.FlowRunContext.get()
+    if frc is None or frc.flow_run is None or getattr(frc, "detached", False):
+        return None
+    return frc
+
+
+def _bound() -> _FlowRun | None:
+    frc = _prefect_flow_run()
+    if frc is None:
+        return None
+    return _bind_once(str(frc.flow_run.id), frc)
+
+
+def bind_flow_run(flow: Any, flow_run: Any) -> None:
+    """Bind a flow run from a Prefect state hook (which runs before the flow run's context is entered): a
+    driver's flow run is recorded as it starts, whatever its body does."""
+    _bind_once(str(flow_run.id), _Started(flow, dict(flow_run.parameters or {})))
+
+
+def _bind_once(flow_run_id: str, frc: Any) -> _FlowRun:
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(flow_run_id)
+        if fr is not None:
+            return fr
+        bound = _bind(flow_run_id, frc)
+        if not isinstance(bound, Settled):
+            _FLOW_RUNS[flow_run_id] = bound[0]
+    # Prefect API calls, outside the lock: other flow runs of this process keep binding meanwhile.
+    if isinstance(bound, Settled):
+        raise settled_signal(flow_run_id, bound)
+    fr, earlier = bound
+    for previous in earlier:
+        _mark_resumed(previous, flow_run_id)
+    return fr
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What ``_bind`` reads of a flow run context, from a state hook's arguments."""
+
+    flow: Any
+    parameters: dict[str, Any]
+
+
+def context_for_call() -> StepContext | None:
+    """In a flow run's own process: that flow run's step context (its smthrs run is bound on first use). ``None``
+    outside a flow run or in a detached (worker-side) context: the call runs standalone."""
+    fr = _bound()
+    return None if fr is None else fr.ctx
+
+
+def run_context() -> RunContext | None:
+    """The run context of the Prefect flow run this code runs in (the provider ``prefect/`` registers)."""
+    fr = _bound()
+    return None if fr is None else fr.run
+
+
+def _plain_parameters(parameters: Any) -> tuple[dict[str, Any], str | None]:
+    params = dict(parameters or {})
+    try:
+        canonical_bytes(params)
+    except CanonicalError as exc:
+        return {}, exc.message
+    return params, None
+
+
+def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]] | Settled:
+    """The binding of a new flow run and the earlier incarnations of its run to show as resumed; ``Settled`` for
+    an execution of a deployment flow run whose run already completed or was cancelled (nothing is bound)."""
+    spec = current_spec()
+    rt = spec.open()
+    name = flow_name(frc.flow)
+    params, params_error = _plain_parameters(frc.parameters)
+    outer = _DRIVEN.get()
+    active: ActiveRun | None = None
+    # A driver's flow run is a direct call (no deployment); ``_Started`` (a state hook's view) has no flow run.
+    deployment = None if outer is not None else deployment_of(getattr(frc, "flow_run", None))
+    if outer is not None:
+        run = outer
+    else:
+        if deployment is not None:
+            claimed = claim_run(rt, flow_run_id, name, deployment)
+            if isinstance(claimed, Settled):
+                return claimed
+            active = claimed
+        else:
+            active = _claim(rt, flow_run_id, name)
+        run = active.context
+        run.on_park = partial(_park_direct, flow_run_id)
+        _conclude_before_prefect(getattr(frc, "client", None))
+    _hook_flow(frc.flow)
+    payload: dict[str, Any] = {"flow_run_id": flow_run_id, "flow": name, "parameters": params}
+    if params_error is not None:
+        payload = {**payload, "parameters": None, "parameters_error": params_error}
+    if deployment is not None:
+        payload["deployment_id"] = deployment
+    earlier = _flow_runs_of(rt.journal, run.run_id) if outer is not None else []
+    rt.journal.append(
+        run.run_id, RECORD_TYPE, payload, source_id=f"prefect/flow-run/{flow_run_id}", source_seq=0
+    )
+    ctx = StepContext(run.run_id, run.owner, spec, flow_run_id)
+    return _FlowRun(ctx, rt, run, active, params_error, deployment), [p for p in earlier if p != flow_run_id]
+
+
+def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
+    """A direct flow run's run: ``prefect-<flow run id>``, or a fresh suffix when that one is settled or held (a
+    direct flow run id is never executed twice by Prefect, so nothing needs to find the suffix again)."""
+    run_id = f"prefect-{flow_run_id}"
+    rt.runs.create(run_id, name)
+    decision = rt.ownership.claim(run_id)
+    if not isinstance(decision, Activated):
+        fresh = f"{run_id}-{uuid.uuid4().hex[:8]}"
+        log.warning(
+            "smthrs run %s of flow run %s is %s; this flow run's steps journal into %s instead",
+            run_id,
+            flow_run_id,
+            type(decision).__name__,
+            fresh,
+        )
+        run_id = fresh
+        rt.runs.create(run_id, name)
+        decision = rt.ownership.claim(run_id)
+        if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
+            raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
+    return ActiveRun(decision, name, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
+
+
+def _unbind(run_id: str) -> None:
+    with _FR_LOCK:
+        for key in [k for k, fr in _FLOW_RUNS.items() if fr.run.run_id == run_id]:
+            del _FLOW_RUNS[key]
+    flush_hits(run_id)
+
+
+# -- the end of a direct flow run ------------------------------------------------------------------------------
+def _hook_flow(flow: Any) -> None:
+    """Append the settle hook to the flow's state hooks once (Prefect reads them when the final state is set)."""
+    if flow is None or getattr(flow, "_smthrs_hooked", False):
+        return
+    for attr in ("on_completion_hooks", "on_failure_hooks", "on_crashed_hooks", "on_cancellation_hooks"):
+        hooks = getattr(flow, attr, None)
+        if isinstance(hooks, list):
+            hooks.append(_settle_flow_run)
+    try:
+        flow._smthrs_hooked = True
+    except AttributeError:  # pragma: no cover - Flow objects accept attributes
+        pass
+
+
+def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
+    """Prefect state hook: the flow run ended — conclude its smthrs run (a driven run is the driver's; a normal
+    return was concluded before Prefect heard of it, :func:`_conclude_before_prefect`)."""
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.pop(str(flow_run.id), None)
+    if fr is None:
+        return
+    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    if fr.active is None:
+        return
+    _conclude(fr, fr.active, state)
+
+
+def _conclude(fr: _FlowRun, active: ActiveRun, state: Any) -> None:
+    summary = {"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)}
+    data = getattr(state, "data", None)
+    if state.is_completed():
+        outcome = active.conclude(FlowCompleted(summary))
+        if isinstance(outcome, DriveLost):
+            # Another owner took the run while this process stalled past its lease: that owner continues it.
+            log.warning(
+                "flow run %s completed, but its smthrs run %s was taken over meanwhile (%s): the new owner "
+                "settles it",
+                fr.ctx.flow_run_id,
+                fr.ctx.run_id,
+                outcome.reason,
+            )
+    elif isinstance(data, RunParked) and data.run_id != fr.ctx.run_id:
+        # Another run parked inside this flow run (a plan run's timer node): that run is parked and resumable on
+        # its own; this flow run ended without finishing its body, and no driver would know to resume it.
+        active.conclude(
+            FlowFailed({**summary, "message": f"run {data.run_id!r} parked inside this flow run: {data}"})
+        )
+    elif state.is_crashed() and isinstance(data, BaseException) and not isinstance(data, Exception):
+        # RunCancelled → cancelled; RunReleased, KeyboardInterrupt, SystemExit → released (never cancelled).
+        active.conclude(error=data)
+    else:
+        active.conclude(FlowFailed({**summary, "message": str(state.message or "")}))
+
+
+def _conclude_before_prefect(client: Any) -> None:
+    """Make the flow run engine's ``client`` conclude a bound flow run's smthrs run ``completed`` right before it
+    asks Prefect to set that flow run ``Completed`` (see the module invariants). Installed once per client (the
+    engine's client may be shared by nested flow runs and later flow runs of a thread); every other call, state
+    and flow run passes through untouched. Called under ``_FR_LOCK``."""
+    if client is None or getattr(client, "_smthrs_concludes", False):
+        return
+    propose = client.set_flow_run_state
+    wrapper: Any
+    if inspect.iscoroutinefunction(propose):  # an async flow's engine holds the async client
+
+        async def set_flow_run_state_async(*args: Any, **kwargs: Any) -> Any:
+            _conclude_completed(*_proposal(args, kwargs))
+            return await propose(*args, **kwargs)
+
+        wrapper = set_flow_run_state_async
+    else:
+
+        def set_flow_run_state(*args: Any, **kwargs: Any) -> Any:
+            _conclude_completed(*_proposal(args, kwargs))
+            return propose(*args, **kwargs)
+
+        wrapper = set_flow_run_state
+    client.set_flow_run_state = wrapper
+    client._smthrs_concludes = True
+
+
+def _proposal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(flow_run_id, state)`` of a ``set_flow_run_state(flow_run_id, state, force=...)`` call."""
+    flow_run_id = args[0] if args else kwargs.get("flow_run_id")
+    state = args[1] if len(args) > 1 else kwargs.get("state")
+    return flow_run_id, state
+
+
+def _conclude_completed(flow_run_id: Any, state: Any) -> None:
+    """A ``Completed`` proposal for a bound direct or deployment flow run: conclude its smthrs run first. Taken out
+    of the bindings before concluding, so the completion hook (and a proposal Prefect repeats after a WAIT) finds
+    nothing left to do; an error propagates (see the module invariants)."""
+    is_completed = getattr(state, "is_completed", None)
+    if flow_run_id is None or is_completed is None or not is_completed():
+        return
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(str(flow_run_id))
+        if fr is None or fr.active is None:  # not ours, parked already, or a driver's (the driver concludes)
+            return
+        del _FLOW_RUNS[str(flow_run_id)]
+    flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    _conclude(fr, fr.active, state)
+
+
+@atexit.register
+def _release_all() -> None:
+    with _FR_LOCK:
+        leftovers = list(_FLOW_RUNS.values())
+        _FLOW_RUNS.clear()
+    flush_hits()
+    for fr in leftovers:
+        if fr.active is None:
+            continue
+        try:
+            # Released, never cancelled: claimable at once by any driver that registers the flow.
+            fr.active.conclude(error=RunReleased(fr.ctx.run_id, "shutdown"))
+        except Exception:  # the process is exiting: report, the lease lapses on its own
+            log.exception("could not release smthrs run %s at exit", fr.ctx.run_id)
+
+
+# -- parking ---------------------------------------------------------------------------------------------------
+def _park_direct(flow_run_id: str, signal: RunParked) -> RunParked:
+    """``on_park`` of a direct flow run's context: park the smthrs run now, then pause the Prefect flow run."""
+    with _FR_LOCK:
+        fr = _FLOW_RUNS.get(flow_run_id)
+    if fr is None or fr.active is None:  # pragma: no cover - the context only exists while it is bound
+        return signal
+    if fr.parameters_error is not None:
+        raise WaitError(
+            "unresumable_flow",
+            f"flow run {flow_run_id} would park ({signal.kind} {signal.name!r}), but no driver could call the flow "
+            f"again: its parameters are not plain JSON ({fr.parameters_error}). Pass plain JSON parameters (write "
+            "the data to a file, pass its path), or keep the wait within SMTHRS_WAIT_BUDGET_S",
+            run_id=fr.ctx.run_id,
+        )
+    flush_hits(fr.ctx.run_id)
+    outcome = fr.active.conclude(error=signal)
+    with _FR_LOCK:
+        _FLOW_RUNS.pop(flow_run_id, None)
+    if isinstance(outcome, DriveLost):
+        raise FenceLost(
+            "fence_lost",
+            f"flow run {flow_run_id} lost its smthrs run {fr.ctx.run_id!r} before it could park it: {outcome.reason}",
+            run_id=fr.ctx.run_id,
+        )
+    _events.announce_parked(
+        signal,
+        fr.runtime.db,
+        flow_run_id=flow_run_id,
+        resume=DEPLOYMENT_RESUME if fr.deployment_id is not None else FLOW_RESUME,
+    )
+    if fr.deployment_id is not None:
+        return _park_deployment_flow_run(fr, flow_run_id, signal)
+    return pause_flow_run(signal)
+
+
+def _park_deployment_flow_run(fr: _FlowRun, flow_run_id: str, signal: RunParked) -> RunParked:
+    """Tell Prefect how to continue a deployment's flow run parked on ``signal`` (``_deployment.py``), then look
+    at the wait once more: answered between the durable park and now, nobody else would resume the flow run."""
+    state = parked_state(signal, _describe(signal, DEPLOYMENT_RESUME))
+    out = _tell_prefect(signal, state)
+    if out is signal or signal.kind == "timer":
+        return out  # not told (logged), or Scheduled at the deadline: Prefect comes back on its own
+    if _answered(fr, signal):
+        assert fr.deployment_id is not None
+        woke = resume_parked(fr.ctx.run_id, flow_run_id, fr.deployment_id)
+        if isinstance(woke, HostWakeFailed):
+            log.warning(
+                "smthrs run %s: its wait was answered while it parked, but %s", fr.ctx.run_id, woke.detail,
+                exc_info=woke.cause,
+            )  # fmt: skip
+    return out
+
+
+def _answered(fr: _FlowRun, signal: RunParked) -> bool:
+    """Was the wait ``signal`` parked on answered meanwhile? A completion or a decision on a parked run woke it
+    (no longer ``suspended``); a decision that landed before the park leaves the run parked with the request
+    decided (the next execution reads it)."""
+    record = fr.runtime.runs.get(fr.ctx.run_id)
+    if record is None or record.status != "suspended":
+        return True
+    if signal.kind == "approval":
+        pending = fr.runtime.control().pending_requests(fr.ctx.run_id)
+        return all(target.request_id != signal.name for target in pending)
+    return False
+
+
+def _pause_driven(db: Database, signal: RunParked) -> RunParked:
+    """``on_park`` of a driven flow run: announce the park (the driver writes it right after this signal
+    propagates), then pause the Prefect flow run."""
+    _events.announce_parked(signal, db)
+    return pause_flow_run(signal)
+
+
+def pause_flow_run(signal: RunParked, resume: str = FLOW_RESUME) -> RunParked:
+    """Mark the current Prefect flow run Paused (``Parked``; its message says what the run waits for and, from
+    ``resume``, how it comes back) and return the signal to raise: a :class:`ParkedFlowRun` carrying that state.
+    If Prefect cannot be told (API down), the plain signal is returned and the reason logged: the durable park
+    does not depend on Prefect's display."""
+    if _prefect_flow_run() is None:
+        return signal
+    from prefect.states import Paused
+
+    return _tell_prefect(
+        signal, Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal, resume))
+    )
+
+
+def _tell_prefect(signal: RunParked, state: Any) -> RunParked:
+    """Set the current flow run to ``state`` and return the :class:`ParkedFlowRun` carrying it; the plain
+    ``signal`` when Prefect cannot be told (logged with its cause: the park is durable either way, and a
+    ``smthrs worker`` registering the flow still continues it)."""
+    frc = _prefect_flow_run()
+    if frc is None:
+        return signal
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            result = client.set_flow_run_state(frc.flow_run.id, state, force=True)
+        if result.state is not None:
+            state = result.state
+    except Exception as exc:  # noqa: BLE001 - reported; the run is parked whatever Prefect shows
+        log.warning(
+            "smthrs run %s is parked, but Prefect could not be told (the flow run will show Crashed, and Prefect "
+            "will not continue it; a `smthrs worker --flow MODULE:FLOW` does): %r",
+            signal.run_id,
+            exc,
+            exc_info=exc,
+        )
+        return signal
+    out = _signal_class()(
+        signal.run_id,
+        signal.kind,
+        signal.name,
+        due_at_ms=signal.due_at_ms,
+        token=signal.token,
+        waiting=signal.waiting,
+    )
+    out.state = state  # type: ignore[attr-defined]  # read by Prefect's engine (Pause.state)
+    return out
+
+
+def _flow_runs_of(journal: Journal, run_id: str) -> list[str]:
+    return [str(r["flow_run_id"]) for r in _records(journal, run_id) if "flow_run_id" in r]
+
+
+def _mark_resumed(previous: str, current: str) -> None:
+    """An earlier incarnation still shown Paused (``Parked``) is done: show it Completed (``Resumed``), naming the
+    flow run that continues it. So is a deployment's flow run waiting in ``Scheduled`` (its timer, or resumed):
+    Prefect would otherwise execute it again beside the driver. Display only, like the pause itself: a failure is
+    logged, never raised (fencing keeps a second execution from writing to the run)."""
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Completed
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(uuid.UUID(previous)).state
+            parked = state is not None and state.is_paused() and state.name == _PARKED_STATE
+            if state is None or not (parked or state.is_scheduled()):
+                return
+            client.set_flow_run_state(
+                uuid.UUID(previous),
+                Completed(name="Resumed", message=f"parked here; continued by flow run {current}"),
+                force=True,
+            )
+    except Exception as exc:  # noqa: BLE001 - reported; the smthrs run's state does not depend on it
+        log.warning("could not show flow run %s as resumed in Prefect: %r", previous, exc)
+
+
+def _describe(signal: RunParked, resume: str) -> str:
+    return f"{_waits_for(signal, resume)}; {_events.parked_hint(signal.run_id)}"
+
+
+def _waits_for(signal: RunParked, resume: str) -> str:
+    run = signal.run_id
+    if signal.kind == "timer" and signal.due_at_ms is not None:
+        due = datetime.fromtimestamp(signal.due_at_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+        return f"smthrs run {run} parked until {due} (timer {signal.name!r}); then {resume}"
+    if signal.kind == "approval":
+        return (
+            f"smthrs run {run} waits for approval {signal.name!r}: smthrs approve {run} --request {signal.name}; "
+            f"then {resume}"
+        )
+    return f"smthrs run {run} waits for {signal.name!r}: sp.complete({run!r}, {signal.name!r}, value); then {resume}"
+
+
+def _records(journal: Journal, run_id: str) -> Iterator[dict[str, Any]]:
+    """The ``prefect-flow-run`` payloads of ``run_id``, oldest first (read page by page)."""
+    after: int | None = None
+    while True:
+        page = journal.read(run_id, after_seq=after, limit=500)
+        yield from (e.payload for e in page if e.type == RECORD_TYPE and isinstance(e.payload, dict))
+        if len(page) < 500:
+            return
+        after = page[-1].seq
+
+
+def deployment_flow_run_of(journal: Journal, run_id: str) -> tuple[str, str] | None:
+    """``(flow run id, deployment id)`` when the LATEST flow run recorded for ``run_id`` belongs to a deployment —
+    the flow run Prefect continues — else ``None`` (a direct call, or a driver that took the run over)."""
+    latest: dict[str, Any] | None = None
+    for record in _records(journal, run_id):
+        latest = record
+    if latest is None or not latest.get("deployment_id") or not latest.get("flow_run_id"):
+        return None
+    return str(latest["flow_run_id"]), str(latest["deployment_id"])
+
+
+def recorded_parameters(journal: Journal, run_id: str) -> dict[str, Any] | None:
+    """The parameters the run's first flow run was called with (``None``: no flow run recorded yet);
+    ``WaitError(unresumable_flow)`` when they were not plain JSON."""
+    for record in _records(journal, run_id):
+        if record.get("parameters_error") is not None:
+            raise WaitError(
+                "unresumable_flow",
+                f"run {run_id!r} cannot be resumed: its flow's parameters were not plain JSON "
+                f"({record['parameters_error']}); start a new run with plain JSON parameters",
+                run_id=run_id,
+            )
+        params = record.get("parameters")
+        return dict(params) if isinstance(params, dict) else {}
+    return None

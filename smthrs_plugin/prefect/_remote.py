@@ -1,0 +1,390 @@
+"""Remote execution: node and ``@step`` bodies run on task-runner workers that share only the artifact store
+(S3) with the coordinator; the workspace never leaves the coordinator's machine.
+
+How a remote miss runs (Bazel's remote execution, on Prefect's task runners):
+1. The coordinator runs the cache dispatch seam as for an in-process job: key, lookup (a hit is served and
+   replayed here, no worker involved), and on a miss the sandbox seeded with exactly the declared reads.
+2. The body, instead of running in that sandbox, is shipped: the sandbox tree's manifest is taken and every blob
+   the store lacks is uploaded (``boundary._transfer``); the body (the executor or the step function, with the
+   manifest and the store's URL) is submitted to the flow's task runner. On a ``DaskTaskRunner`` it is a plain
+   task of the runner's own cluster, pickled here by cloudpickle: the node's task run on the coordinator is the
+   one Prefect shows, and neither Prefect's context serialisation, Dask's argument tokenizing nor a second task
+   engine is paid per body (a body has no Prefect run context: log with ``logging``, not ``get_run_logger``).
+   On any other runner it is a ``smthrs-body`` task run named ``"<node> #<attempt> · remote"``.
+3. The worker hydrates an empty private tree from the store alone (every blob verified by digest), runs the body
+   there, diffs the tree by content, uploads the changed files and returns the value with the delta.
+4. The coordinator applies the delta to its sandbox tree (every path checked, every blob verified), and the seam
+   goes on exactly as for a local body: whole-tree diff, boundary refusals, compare-and-set copy-back into the
+   workspace, journaled settlement, cache publication.
+
+Invariants
+- **A worker never opens the workspace path** (it is never sent) and **writes nothing but content-addressed
+  blobs**: every durable record — attempt row, journal, local cache row, shared entry — is written by the
+  coordinator in its own transaction, fenced by the run's owner token exactly as for an in-process job. A worker
+  that is gone, late or duplicated can add unreferenced blobs, nothing else.
+- **Hermetic by construction**: the worker's tree holds only the declared reads (what the coordinator's sandbox
+  seeded), so an undeclared read finds no file there either.
+- **No clock crosses**: the delta is computed by content, files land with the coordinator's own timestamps, and
+  no lease, deadline or timestamp is read from a worker — a worker whose clock is off changes nothing.
+- **A missing input is re-uploaded once**: a worker that cannot hydrate a blob (gone from the store, or corrupt
+  under its name) fails with ``RemoteError(input_unavailable)``; the coordinator replaces every input blob and
+  submits the body once more; a second failure is the node's typed failure.
+- **A worker that dies mid-body** is the task runner's to retry (Dask reschedules a task whose worker died on
+  another worker; the body starts again on a fresh tree). The coordinator applies the one delta that comes back.
+  If the runner gives up, the node fails with the runner's error; the attempt row is settled ``failed`` by the
+  coordinator, fenced, like any failed attempt.
+
+Where bodies run is decided per flow run from its task runner (:func:`execution_for`) and the ``execution``
+choice (``SMTHRS_EXECUTION``, ``PrefectHost(execution=...)``, ``step_settings(execution=...)``).
+
+Prior art: Bazel's remote execution API (input root by digest in the CAS, outputs returned as digests),
+Prefect's ``task_runner.submit`` contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from ..boundary.fsops import rmtree_force
+from ..boundary.transfer import Delta, Manifest, apply_delta, delta_of, hydrate, manifest_of, upload
+from ..engine.context import waits_forbidden
+from ..errors import RemoteError, SettingsError
+from ..scheduler.cancel import NEVER_CANCELLED
+from ..scheduler.model import NodeInput
+from ..settings import Execution
+from ..stores.artifacts import ArtifactStore
+from ._taskstate import returned
+from .workspace import with_workspace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from prefect import Task
+
+__all__ = [
+    "ExecutionMode",
+    "execution_for",
+    "RemoteTarget",
+    "RemoteExecutor",
+    "StepBody",
+    "coordinator_runner",
+    "dask_client",
+]
+
+#: Where one flow run's bodies run: in this process (a thread-pool runner), in other processes that see the
+#: workspace at the same path (``shared``), or on workers that see only the artifact store (``remote``).
+ExecutionMode = Literal["in-process", "shared", "remote"]
+_CHOICES: tuple[str, ...] = get_args(Execution)
+log = logging.getLogger(__name__)
+#: Threads of the coordinator-side runner: each holds one remote body's seam while the body runs elsewhere, so
+#: this bounds how many bodies one process has in flight (plans are capped lower by their ``steps`` cap).
+_COORDINATOR_THREADS = 64
+
+
+def execution_for(runner: Any, choice: str) -> ExecutionMode:
+    """Where bodies submitted to ``runner`` run under ``choice`` (``auto | shared | remote``).
+
+    ``remote`` always ships bodies through the store. Otherwise a thread-pool runner runs them in this process;
+    ``shared`` trusts any other runner's workers to see the workspace at the same path; ``auto`` knows that of a
+    ``ProcessPoolTaskRunner`` (children of this process) and of a ``DaskTaskRunner`` that starts its own
+    ``LocalCluster`` (worker processes on this machine), and ships bodies for every other runner (a Dask runner
+    given an ``address`` or another cluster class, Ray, anything unknown)."""
+    if choice not in _CHOICES:
+        raise SettingsError(
+            "invalid_setting",
+            f"execution={choice!r} is not one of {list(_CHOICES)}; set SMTHRS_EXECUTION or execution= to one of them",
+        )
+    if choice == "remote":
+        return "remote"
+    from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+
+    if runner is None or isinstance(runner, ThreadPoolTaskRunner):
+        return "in-process"
+    if choice == "shared" or isinstance(runner, ProcessPoolTaskRunner) or _starts_local_cluster(runner):
+        return "shared"
+    return "remote"
+
+
+def _starts_local_cluster(runner: Any) -> bool:
+    try:
+        from distributed import LocalCluster
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        return False
+    if not isinstance(runner, DaskTaskRunner):
+        return False
+    cluster = getattr(runner, "_cluster", None)
+    if cluster is not None:
+        return isinstance(cluster, LocalCluster)
+    if runner.address:
+        return False
+    cls = runner.resolved_cluster_class
+    return cls is None or (isinstance(cls, type) and issubclass(cls, LocalCluster))
+
+
+_LOCAL: dict[str, Any] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def coordinator_runner() -> Any:
+    """This process's thread-pool task runner for the coordinator side of remote bodies (started once, never
+    pickled): a remote node's or step's own task run runs here — the seam needs the workspace — and submits its
+    body to the flow's runner."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    with _LOCAL_LOCK:
+        runner = _LOCAL.get("runner")
+        if runner is None or _LOCAL.get("pid") != os.getpid():
+            runner = ThreadPoolTaskRunner(max_workers=_COORDINATOR_THREADS)
+            runner.__enter__()
+            _LOCAL.update(runner=runner, pid=os.getpid())
+        return runner
+
+
+@dataclass(frozen=True)
+class _Shipment:
+    """What crosses to the worker: the body, the tree it starts from, the store both sides reach."""
+
+    call: Callable[[Path], Any]
+    manifest: Manifest
+    store: ArtifactStore
+
+
+@dataclass(frozen=True)
+class _Returned:
+    """What comes back: the body's value and what it changed in its tree."""
+
+    value: Any
+    delta: Delta
+
+
+class _Box:
+    """Keeps the shipment opaque to Prefect's parameter walkers (``visit_collection`` descends into dataclasses)."""
+
+    __slots__ = ("shipment",)
+
+    def __init__(self, shipment: _Shipment) -> None:
+        self.shipment = shipment
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Box, (self.shipment,))
+
+    def __repr__(self) -> str:
+        return "<smthrs remote body>"
+
+
+def _run_body(box: _Box, label: str) -> _Returned:
+    """The function of every ``smthrs-body`` task run, on the worker (module-level: it pickles by reference)."""
+    return _run_shipment(box.shipment, label)
+
+
+def _run_pickled_body(blob: bytes, label: str) -> _Returned:
+    """The function of a body shipped as a plain Dask task: the shipment was cloudpickled by the coordinator."""
+    import cloudpickle
+
+    shipment: _Shipment = cloudpickle.loads(blob)
+    return _run_shipment(shipment, label)
+
+
+def _run_shipment(s: _Shipment, label: str) -> _Returned:
+    """Hydrate a private tree from the store, run the body there, return its value with its delta."""
+    parent = Path(tempfile.mkdtemp(prefix="smthrs-remote-"))
+    try:
+        root = parent / "root"
+        root.mkdir()
+        hydrate(s.manifest, s.store, root)
+        with waits_forbidden(f"the remote body {label!r}"):
+            value = s.call(root)
+        return _Returned(value, delta_of(root, s.manifest, s.store))
+    finally:
+        try:
+            rmtree_force(parent)
+        except (
+            OSError
+        ):  # a leftover temp tree is the worker's disk concern; the body's outcome is what matters
+            log.warning("could not remove the remote body's temporary tree %s", parent, exc_info=True)
+
+
+_TASK: dict[str, Task[Any, Any]] = {}
+
+
+def _body_task() -> Task[Any, Any]:
+    task = _TASK.get("task")
+    if task is None:
+        import prefect
+        from prefect.cache_policies import NO_CACHE
+
+        task = _TASK["task"] = prefect.Task(
+            _run_body,
+            name="smthrs-body",
+            task_run_name="{label}",
+            cache_policy=NO_CACHE,
+            persist_result=False,
+            retries=0,  # a body is retried by the runner when its worker dies, and by smthrs once for an input
+        )
+    return task
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    """Where remote bodies go: the flow's task runner and the artifact store its workers reach. Lives in the
+    coordinator's process only (the runner is not picklable)."""
+
+    runner: Any
+    store: ArtifactStore
+
+    @classmethod
+    def of(cls, runner: Any, store: ArtifactStore, choice: str) -> RemoteTarget:
+        """Refuses (``RemoteError(store_not_shared)``) a store the workers cannot reach: ``memory://`` never, a local
+        path unless remote execution was chosen explicitly (then the path must be mounted on every worker)."""
+        if store.kind == "memory" or (store.kind == "local" and choice != "remote"):
+            raise RemoteError(
+                "store_not_shared",
+                f"the flow's task runner ({type(runner).__name__}) runs bodies on workers that may not see this "
+                f"machine, and remote execution ships inputs and outputs through the artifact store, which is "
+                f"{store.url} (this {'process' if store.kind == 'memory' else 'machine'} only); point "
+                "SMTHRS_ARTIFACTS_URL at s3://..., or set SMTHRS_EXECUTION=shared (execution='shared') if every "
+                "worker sees the workspace at the same path",
+                url=store.url,
+            )
+        return cls(runner, store)
+
+    def run(self, label: str, call: Callable[[Path], Any], root: Path) -> Any:
+        """Run ``call(tree)`` on a worker, ``tree`` built from ``root``'s content; make ``root`` what the worker's
+        tree became; return the body's value (or raise the body's own exception)."""
+        manifest = manifest_of(root)
+        upload(root, manifest, self.store)
+        shipment = _Shipment(call, manifest, self.store)
+        for attempt in (1, 2):
+            out = self._submit(shipment, label)
+            if isinstance(out, _Returned):
+                apply_delta(out.delta, self.store, root)
+                return out.value
+            if isinstance(out, RemoteError) and out.code == "input_unavailable" and attempt == 1:
+                upload(root, manifest, self.store, force=True)
+                continue
+            if isinstance(out, BaseException):
+                raise out
+            raise RemoteError(
+                "worker_failed",
+                f"the remote body {label!r} ended without an outcome ({type(out).__name__}); see its task run",
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _submit(self, shipment: _Shipment, label: str) -> Any:
+        client = dask_client(self.runner)
+        if client is not None:
+            return _on_dask(client, shipment, label)
+        future = contextvars.copy_context().run(self._submit_outside_task, shipment, label)
+        future.wait()
+        state = future.state
+        if (
+            not state.is_final()
+        ):  # the runner gave up on the body (its workers died) before Prefect heard an end
+            return RemoteError(
+                "worker_failed",
+                f"the remote body {label!r} ended without an outcome (its task run is {state.type.value}); the "
+                "task runner lost it; run the node again",
+            )
+        return returned(state)
+
+    def _submit_outside_task(self, shipment: _Shipment, label: str) -> Any:
+        from prefect.context import TaskRunContext
+
+        # The body is submitted from inside the node's (or step's) own task run, whose context a runner
+        # serialises for the worker — with that task run's parameters: the job, its seam, the step's arguments.
+        # In this private copy of the context there is no task run: the worker gets the flow run's context only.
+        TaskRunContext.__var__.set(None)  # type: ignore[arg-type]
+        return self.runner.submit(_body_task(), {"box": _Box(shipment), "label": label})
+
+
+def dask_client(runner: Any) -> Any:
+    """The distributed client of a started ``prefect_dask.DaskTaskRunner`` (None for any other runner)."""
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        return None
+    return runner.client if isinstance(runner, DaskTaskRunner) else None  # connects on first use
+
+
+def _on_dask(client: Any, shipment: _Shipment, label: str) -> Any:
+    """Run the body as a plain task of the Dask runner's own cluster: no Prefect task run of its own (the node's
+    or step's task run on the coordinator is the one Prefect shows), so neither Prefect's context serialisation
+    nor Dask's argument tokenizing (``pure=False``) nor a second task engine is paid per body. Dask still
+    reschedules a body whose worker died. Returns the body's outcome or its exception."""
+    import cloudpickle
+    from distributed import KilledWorker
+
+    key = f"smthrs-body-{uuid.uuid4().hex}"
+    # Pickled here, by cloudpickle, as Prefect's runner pickles a task: a body or an executor defined in a script
+    # (or a module registered by value) travels by value. Dask would try plain pickle first, by reference, and
+    # its scheduler would then fail to import the user's module. Bytes also spare the scheduler unpickling it.
+    blob = cloudpickle.dumps(shipment)
+    future = client.submit(_run_pickled_body, blob, label, pure=False, key=key)
+    try:
+        return future.result()
+    except KilledWorker as exc:
+        return RemoteError(
+            "worker_failed",
+            f"the remote body {label!r} was lost with the workers Dask ran it on ({exc}); run the node again",
+            cause=exc,
+        )
+    except Exception as exc:  # the body's own failure (or a refusal of its tree): the caller decides
+        return exc
+
+
+@dataclass(frozen=True)
+class _NodeBody:
+    """A plan node's executor with its input, minus the root (the worker's tree replaces it)."""
+
+    executor: Callable[[NodeInput], Any]
+    ni: NodeInput
+
+    def __call__(self, root: Path) -> Any:
+        return self.executor(replace(self.ni, root=root))
+
+
+class RemoteExecutor:
+    """A node executor that runs ``inner`` remotely through ``target`` (``PrefectHost`` puts it in a job)."""
+
+    def __init__(self, inner: Callable[[NodeInput], Any], target: RemoteTarget) -> None:
+        self.inner = inner
+        self.target = target
+
+    def __call__(self, ni: NodeInput) -> Any:
+        # The pass's cancellation token stays here (a fresh one would never fire there); the worker's body
+        # sees a token that is never cancelled, as in any out-of-process runner.
+        shipped = _NodeBody(self.inner, replace(ni, root=Path("."), cancel=NEVER_CANCELLED))
+        return self.target.run(f"{ni.node.id} #{ni.attempt} · remote", shipped, ni.root)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("a RemoteExecutor runs on the coordinator; only its body is shipped")
+
+
+@dataclass(frozen=True)
+class StepBody:
+    """A ``@step`` function call to run on a worker: the function, its workspace parameter (name and positional
+    index, if it takes one), its bound arguments. An async function's coroutine runs to completion on the worker's
+    own event loop."""
+
+    fn: Callable[..., Any]
+    workspace_param: str | None
+    workspace_at: int | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def __call__(self, root: Path) -> Any:
+        args, kwargs = with_workspace(self.args, self.kwargs, self.workspace_param, self.workspace_at, root)
+        out = self.fn(*args, **kwargs)
+        if inspect.iscoroutine(out):
+            return asyncio.run(out)
+        return out

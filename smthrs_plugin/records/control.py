@@ -1,0 +1,642 @@
+"""The control records' owner: plan cards, approval tokens, decisions, grants, receipts, admitted runs and resume
+delegations — every statement on the ``control_*`` tables, and the decoder of their columns.
+
+Invariants:
+
+- **One owner.** Every statement on ``control_plans``, ``control_tokens``, ``control_decisions``,
+  ``control_grants``, ``control_receipts``, ``control_runs`` and ``control_resumes`` is in this module; the control
+  plane (``control/store.py``) builds its own types (cards, envelopes, principals, receipts) from the records
+  returned here and never imports a table. Every ``*_in`` function works on the caller's connection, so the control
+  plane composes several of them into ONE transaction (a decision, its grant, its journal record, its receipt and
+  its resume delegation commit together or not at all).
+- **Columns decode here.** JSON columns are parsed by :func:`loads` (the inverse of :func:`canonical_text`) and
+  enumerated columns (token kind, decision) checked; a row that does not decode is corruption: point reads raise
+  ``StoreError(decode_failed)`` naming the row (:func:`decode_failed`; a control plane that treated an unreadable
+  decision as "no decision" would let a denied request run). Nothing is repaired silently.
+- **A token is decided at most once**: the decision table's primary key is the token, so the first writer wins
+  under concurrency too (``control/store.py`` refuses a second decision with ``already_resolved``).
+- **Admission state of a run** (:func:`admission_state_in`): whether the control plane admitted it (a
+  ``control_runs`` row, committed with the run row and gone only with it, so immutable once known) and whether its
+  ``control.run.accepted`` sits at the fixed journal address ``(run, ACCEPTED_SOURCE, 0)`` — one round trip.
+
+Prior art: DBOS's ``SystemDatabase`` (one owner of the system tables), seed 001 (control plane records).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..canonical import canonical_bytes
+from ..errors import StoreError
+from ..stores.control_tables import (
+    control_decisions,
+    control_grants,
+    control_plans,
+    control_receipts,
+    control_resumes,
+    control_runs,
+    control_tokens,
+)
+from ..stores.database import DriverStatement
+from .journal import addressed_seq
+
+__all__ = [
+    "ACCEPTED_SOURCE",
+    "CardRecord",
+    "TokenRecord",
+    "DecisionRecord",
+    "GrantRecord",
+    "ReceiptRecord",
+    "AdmissionRecord",
+    "new_id",
+    "canonical_text",
+    "loads",
+    "decode_failed",
+    "insert_card_in",
+    "card_in",
+    "current_card_in",
+    "undecided_plan_cards_in",
+    "last_approved_card_in",
+    "insert_token_in",
+    "token_in",
+    "plan_token_in",
+    "node_token_in",
+    "run_tokens_in",
+    "decision_in",
+    "insert_decision_in",
+    "insert_grant_in",
+    "grant_in",
+    "grant_candidates_in",
+    "use_grant_in",
+    "receipt_in",
+    "insert_receipt_in",
+    "insert_admission_in",
+    "admission_in",
+    "insert_resume_in",
+    "admission_state_in",
+]
+
+#: The source id of a run's ``control.run.accepted`` (source sequence 0): its presence is what makes the run's
+#: control lifecycle facts ``created``; one address per run, so a run is accepted at most once.
+ACCEPTED_SOURCE = "control/run-accepted"
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id ``<prefix>_<32 hex>`` (minted OUTSIDE a transaction callback, which may be re-run)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def canonical_text(value: Any) -> str:
+    """RFC 8785 JSON text of plain data (what JSON columns hold)."""
+    return canonical_bytes(value).decode("utf-8")
+
+
+_SAFE_INT = 2**53 - 1
+
+
+def _number(text: str) -> int | float:
+    # Canonical JSON writes an integral float such as 2.0**53 as "9007199254740992"; the identity boundary admits
+    # the float but refuses the int, so an integer literal beyond the JSON-safe range is read back as the float it
+    # was (ECMAScript formatting is the shortest round-trip form: the same double, the same canonical bytes).
+    n = int(text)
+    return n if -_SAFE_INT <= n <= _SAFE_INT else float(text)
+
+
+def loads(text: str) -> Any:
+    """Parse a stored JSON column written by :func:`canonical_text`, so it decodes at the identity boundary again."""
+    return json.loads(text, parse_int=_number)
+
+
+def decode_failed(what: str, key: Any, exc: BaseException) -> StoreError:
+    """The refusal of a control row (``what`` named by ``key``) that is stored but does not decode."""
+    return StoreError(
+        "decode_failed",
+        f"control {what} {key!r} is stored but does not decode ({exc}); the row is corrupt: restore the database "
+        "from a backup, or plan/approve anew",
+        cause=exc,
+        key=repr(key),
+    )
+
+
+# -- cards ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CardRecord:
+    """A stored plan card: its columns and its card JSON (parsed, not yet a card)."""
+
+    plan_id: str
+    digest: str
+    seq: int
+    flow_id: str
+    plan_name: str
+    plan_digest: str
+    deploy_class: bool
+    card: Any
+    created_at_ms: int
+
+
+_P = control_plans.c
+
+
+def insert_card_in(
+    conn: Connection,
+    *,
+    plan_id: str,
+    digest: str,
+    seq: int,
+    flow_id: str,
+    plan_name: str,
+    plan_digest: str,
+    deploy_class: bool,
+    card: Any,
+    now_ms: int,
+) -> None:
+    """Store a card (``card`` is its JSON data, stored canonically)."""
+    conn.execute(
+        sa.insert(control_plans).values(
+            plan_id=plan_id,
+            digest=digest,
+            seq=seq,
+            flow_id=flow_id,
+            plan_name=plan_name,
+            plan_digest=plan_digest,
+            deploy_class=1 if deploy_class else 0,
+            card_json=canonical_text(card),
+            created_at_ms=now_ms,
+        )
+    )
+
+
+def _card(row: Any) -> CardRecord:
+    try:
+        data = loads(row.card_json)
+    except ValueError as exc:
+        raise decode_failed("plan card", row.plan_id, exc) from exc
+    return CardRecord(
+        row.plan_id,
+        row.digest,
+        int(row.seq),
+        row.flow_id,
+        row.plan_name,
+        row.plan_digest,
+        bool(row.deploy_class),
+        data,
+        int(row.created_at_ms),
+    )
+
+
+def card_in(conn: Connection, plan_id: str) -> CardRecord | None:
+    row = conn.execute(sa.select(control_plans).where(_P.plan_id == plan_id)).first()
+    return None if row is None else _card(row)
+
+
+def current_card_in(conn: Connection, digest: str) -> CardRecord | None:
+    """The newest card of a card digest (the one a launch of that content is governed by)."""
+    row = conn.execute(
+        sa.select(control_plans).where(_P.digest == digest).order_by(_P.seq.desc()).limit(1)
+    ).first()
+    return None if row is None else _card(row)
+
+
+_T = control_tokens.c
+_D = control_decisions.c
+
+
+def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRecord]:
+    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first: a plan token with
+    no decision row."""
+    q = (
+        sa.select(control_plans)
+        .join(control_tokens, _T.plan_id == _P.plan_id)
+        .outerjoin(control_decisions, _D.token_id == _T.token_id)
+        .where(_T.kind == "Plan", _D.token_id.is_(None))
+        .order_by(_P.created_at_ms, _P.seq, _P.plan_id)
+        .limit(limit)
+    )
+    return [_card(row) for row in conn.execute(q)]
+
+
+def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRecord | None:
+    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``,
+    or None."""
+    q = (
+        sa.select(control_plans)
+        .join(control_tokens, _T.plan_id == _P.plan_id)
+        .join(control_decisions, _D.token_id == _T.token_id)
+        .where(_P.plan_name == plan_name, _P.digest != other_than_digest, _D.decision == "approved")
+        .order_by(_D.decided_at_ms.desc(), _P.seq.desc())
+        .limit(1)
+    )
+    row = conn.execute(q).first()
+    return None if row is None else _card(row)
+
+
+# -- tokens and decisions -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One approval request's columns; ``envelope`` is its JSON data. ``kind`` is ``Plan`` or ``Node``."""
+
+    token_id: str
+    kind: str
+    flow_id: str
+    digest: str
+    envelope: Any
+    created_at_ms: int
+    plan_id: str | None
+    run_id: str | None
+    request_id: str | None
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """The one decision of a token (``approved`` | ``denied``) and who made it."""
+
+    token_id: str
+    decision: str
+    principal_id: Any
+    principal_kind: Any
+    decided_at_ms: int
+    scope: str | None
+    grant_id: str | None
+    via_grant_id: str | None
+
+
+def insert_token_in(
+    conn: Connection,
+    token_id: str,
+    kind: str,
+    *,
+    flow_id: str,
+    digest: str,
+    envelope: Any,
+    now_ms: int,
+    plan_id: str | None = None,
+    run_id: str | None = None,
+    request_id: str | None = None,
+) -> None:
+    """Store an approval request (``envelope`` is its JSON data, stored canonically)."""
+    conn.execute(
+        sa.insert(control_tokens).values(
+            token_id=token_id,
+            kind=kind,
+            plan_id=plan_id,
+            run_id=run_id,
+            request_id=request_id,
+            flow_id=flow_id,
+            digest=digest,
+            envelope_json=canonical_text(envelope),
+            created_at_ms=now_ms,
+        )
+    )
+
+
+def _token(row: Any) -> TokenRecord:
+    try:
+        envelope = loads(row.envelope_json)
+    except ValueError as exc:
+        raise decode_failed("approval token", row.token_id, exc) from exc
+    if row.kind not in ("Plan", "Node"):
+        raise decode_failed("approval token", row.token_id, ValueError(f"unknown kind {row.kind!r}"))
+    return TokenRecord(
+        row.token_id,
+        row.kind,
+        row.flow_id,
+        row.digest,
+        envelope,
+        int(row.created_at_ms),
+        row.plan_id,
+        row.run_id,
+        row.request_id,
+    )
+
+
+def token_in(conn: Connection, token_id: str) -> TokenRecord | None:
+    row = conn.execute(sa.select(control_tokens).where(_T.token_id == token_id)).first()
+    return None if row is None else _token(row)
+
+
+def plan_token_in(conn: Connection, plan_id: str) -> TokenRecord | None:
+    row = conn.execute(sa.select(control_tokens).where(_T.plan_id == plan_id)).first()
+    return None if row is None else _token(row)
+
+
+def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRecord | None:
+    row = conn.execute(
+        sa.select(control_tokens).where(_T.run_id == run_id, _T.request_id == request_id)
+    ).first()
+    return None if row is None else _token(row)
+
+
+def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRecord, DecisionRecord | None]]:
+    """Every node token of a run with its decision, in registration order."""
+    rows = conn.execute(
+        sa.select(control_tokens).where(_T.run_id == run_id).order_by(_T.created_at_ms, _T.token_id)
+    ).all()
+    out = []
+    for r in rows:
+        token = _token(r)
+        out.append((token, decision_in(conn, token.token_id)))
+    return out
+
+
+def decision_in(conn: Connection, token_id: str) -> DecisionRecord | None:
+    row = conn.execute(sa.select(control_decisions).where(_D.token_id == token_id)).first()
+    if row is None:
+        return None
+    if row.decision not in ("approved", "denied"):
+        raise decode_failed("decision", token_id, ValueError(f"unknown decision {row.decision!r}"))
+    return DecisionRecord(
+        row.token_id,
+        row.decision,
+        row.principal_id,
+        row.principal_kind,
+        int(row.decided_at_ms),
+        row.scope,
+        row.grant_id,
+        row.via_grant_id,
+    )
+
+
+def insert_decision_in(conn: Connection, d: DecisionRecord) -> None:
+    """Store the decision of a token (the caller checked it has none: :func:`decision_in`)."""
+    conn.execute(
+        sa.insert(control_decisions).values(
+            token_id=d.token_id,
+            decision=d.decision,
+            principal_id=d.principal_id,
+            principal_kind=d.principal_kind,
+            scope=d.scope,
+            grant_id=d.grant_id,
+            via_grant_id=d.via_grant_id,
+            decided_at_ms=d.decided_at_ms,
+        )
+    )
+
+
+# -- grants ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    """A grant's columns; ``envelope`` is its JSON data, ``envelope_digest`` the digest it is indexed by."""
+
+    grant_id: str
+    token_id: str
+    kind: str
+    scope: str
+    flow_id: str
+    digest: str
+    envelope_digest: str
+    envelope: Any
+    principal_id: Any
+    principal_kind: Any
+    created_at_ms: int
+    run_id: str | None = None
+    used_at_ms: int | None = None
+    used_by_run: str | None = None
+
+
+_G = control_grants.c
+
+
+def insert_grant_in(conn: Connection, g: GrantRecord) -> None:
+    conn.execute(
+        sa.insert(control_grants).values(
+            grant_id=g.grant_id,
+            token_id=g.token_id,
+            kind=g.kind,
+            scope=g.scope,
+            flow_id=g.flow_id,
+            digest=g.digest,
+            envelope_digest=g.envelope_digest,
+            envelope_json=canonical_text(g.envelope),
+            run_id=g.run_id,
+            principal_id=g.principal_id,
+            principal_kind=g.principal_kind,
+            created_at_ms=g.created_at_ms,
+            used_at_ms=g.used_at_ms,
+            used_by_run=g.used_by_run,
+        )
+    )
+
+
+def _grant(row: Any) -> GrantRecord:
+    try:
+        envelope = loads(row.envelope_json)
+    except ValueError as exc:
+        raise decode_failed("grant", row.grant_id, exc) from exc
+    return GrantRecord(
+        row.grant_id,
+        row.token_id,
+        row.kind,
+        row.scope,
+        row.flow_id,
+        row.digest,
+        row.envelope_digest,
+        envelope,
+        row.principal_id,
+        row.principal_kind,
+        int(row.created_at_ms),
+        row.run_id,
+        None if row.used_at_ms is None else int(row.used_at_ms),
+        row.used_by_run,
+    )
+
+
+def grant_in(conn: Connection, grant_id: str) -> GrantRecord | None:
+    row = conn.execute(sa.select(control_grants).where(_G.grant_id == grant_id)).first()
+    return None if row is None else _grant(row)
+
+
+def grant_candidates_in(
+    conn: Connection, kind: str, *, flow_id: str, digest: str, envelope_digest: str, run_id: str | None
+) -> list[GrantRecord]:
+    """Grants that may cover a new request, oldest first: ``remembered`` grants of the same flow, digest and
+    envelope digest, or (with ``run_id``) ``run`` grants of that run with the same digest and envelope digest.
+    The caller compares the envelopes themselves (a digest match is only an index)."""
+    conds = [
+        sa.and_(_G.scope == "remembered", _G.flow_id == flow_id),
+    ]
+    if run_id is not None:
+        conds.append(sa.and_(_G.scope == "run", _G.run_id == run_id))
+    rows = conn.execute(
+        sa.select(control_grants)
+        .where(_G.kind == kind, _G.digest == digest, _G.envelope_digest == envelope_digest, sa.or_(*conds))
+        .order_by(_G.created_at_ms, _G.grant_id)
+    ).all()
+    return [_grant(row) for row in rows]
+
+
+def use_grant_in(conn: Connection, grant_id: str, run_id: str, now_ms: int) -> bool:
+    """Mark a ``once`` grant used by ``run_id``; False when another run already used it (compare-and-set)."""
+    n = conn.execute(
+        sa.update(control_grants)
+        .where(_G.grant_id == grant_id, _G.used_at_ms.is_(None))
+        .values(used_at_ms=now_ms, used_by_run=run_id)
+    ).rowcount
+    return bool(n)
+
+
+# -- receipts ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceiptRecord:
+    """A stored receipt's columns; ``receipt`` is its JSON data."""
+
+    durable_key: str
+    operation: str
+    fingerprint: str
+    receipt: Any
+    run_id: str | None
+    created_at_ms: int
+
+
+_R = control_receipts.c
+
+
+def receipt_in(conn: Connection, durable_key: str) -> ReceiptRecord | None:
+    row = conn.execute(sa.select(control_receipts).where(_R.durable_key == durable_key)).first()
+    if row is None:
+        return None
+    try:
+        receipt = json.loads(row.receipt_json)
+    except ValueError as exc:
+        raise decode_failed("receipt", durable_key, exc) from exc
+    return ReceiptRecord(
+        row.durable_key, row.operation, row.fingerprint, receipt, row.run_id, int(row.created_at_ms)
+    )
+
+
+def insert_receipt_in(
+    conn: Connection,
+    durable_key: str,
+    operation: str,
+    fingerprint: str,
+    receipt: Any,
+    run_id: str | None,
+    now_ms: int,
+) -> None:
+    """Store a receipt (``receipt`` is its JSON data, stored canonically)."""
+    conn.execute(
+        sa.insert(control_receipts).values(
+            durable_key=durable_key,
+            operation=operation,
+            fingerprint=fingerprint,
+            receipt_json=canonical_text(receipt),
+            run_id=run_id,
+            created_at_ms=now_ms,
+        )
+    )
+
+
+# -- admitted runs and resume delegations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdmissionRecord:
+    """The approval facts of an admitted run, as stored."""
+
+    run_id: str
+    plan_id: str
+    card_digest: str
+    durable_key: str
+    admitted_by_id: Any
+    admitted_by_kind: Any
+    admitted_at_ms: int
+    token_id: str | None = None
+    grant_id: str | None = None
+
+
+_A = control_runs.c
+
+
+def insert_admission_in(conn: Connection, a: AdmissionRecord) -> None:
+    conn.execute(
+        sa.insert(control_runs).values(
+            run_id=a.run_id,
+            plan_id=a.plan_id,
+            card_digest=a.card_digest,
+            token_id=a.token_id,
+            grant_id=a.grant_id,
+            durable_key=a.durable_key,
+            admitted_by_id=a.admitted_by_id,
+            admitted_by_kind=a.admitted_by_kind,
+            admitted_at_ms=a.admitted_at_ms,
+        )
+    )
+
+
+def admission_in(conn: Connection, run_id: str) -> AdmissionRecord | None:
+    row = conn.execute(sa.select(control_runs).where(_A.run_id == run_id)).first()
+    if row is None:
+        return None
+    return AdmissionRecord(
+        row.run_id,
+        row.plan_id,
+        row.card_digest,
+        row.durable_key,
+        row.admitted_by_id,
+        row.admitted_by_kind,
+        int(row.admitted_at_ms),
+        row.token_id,
+        row.grant_id,
+    )
+
+
+def insert_resume_in(
+    conn: Connection,
+    run_id: str,
+    token_id: str,
+    decision: str,
+    principal_id: str,
+    principal_kind: str,
+    created_at_ms: int,
+) -> bool:
+    """Record the resume delegation a node decision makes (first writer wins per (run, token))."""
+    c = control_resumes.c
+    exists = conn.execute(sa.select(c.run_id).where(c.run_id == run_id, c.token_id == token_id)).first()
+    if exists is not None:
+        return False
+    conn.execute(
+        sa.insert(control_resumes).values(
+            run_id=run_id,
+            token_id=token_id,
+            decision=decision,
+            principal_id=principal_id,
+            principal_kind=principal_kind,
+            created_at_ms=created_at_ms,
+        )
+    )
+    return True
+
+
+# -- a run's admission state (the control lifecycle facts' producer asks) ---------------------------------------------
+
+# Asked on every activation and settlement of every run (to learn that most runs are not control-admitted): a
+# prepared driver statement, so the probe does not cost the fenced transition it rides on a SQLAlchemy execution.
+_ADMISSION_STATE = DriverStatement(
+    sa.select(
+        sa.select(_A.run_id).where(_A.run_id == sa.bindparam("b_run_id")).scalar_subquery(),
+        addressed_seq(sa.bindparam("b_run_id"), ACCEPTED_SOURCE, 0),
+    )
+)
+
+
+def admission_state_in(conn: Connection, run_id: str) -> tuple[bool, bool]:
+    """``(admitted, accepted)`` of ``run_id`` on ``conn``: whether the control plane admitted it (a
+    ``control_runs`` row) and whether its ``control.run.accepted`` is journaled at ``(run, ACCEPTED_SOURCE, 0)``.
+    One round trip, two primary/unique-key probes."""
+    row = _ADMISSION_STATE.first(conn, {"b_run_id": run_id})
+    assert row is not None  # a SELECT of two scalar subqueries always answers one row
+    admitted, accepted_seq = row
+    return admitted is not None, accepted_seq is not None

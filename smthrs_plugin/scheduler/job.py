@@ -1,0 +1,248 @@
+"""The unit a host runs: one node attempt through the cache dispatch seam, settled durably in the seam's
+own write transaction.
+
+Invariants
+- A job is plain data (ids, keys, the plan node, the owner, the database handle — which pickles as its URL)
+  plus two callables that pickle by reference: the dispatcher and the executor. It never carries an engine,
+  an open file or a closure, so a process host can run it.
+- The attempt row the coordinator began is settled (``completed`` with the node's value, or ``failed`` with its
+  error) *inside* the dispatch seam's write transaction (``DispatchRequest.on_settled``), with its
+  ``attempt-finished`` journal record and — when the dispatch alone decides the node's outcome — its
+  ``node-settled`` record: the local cache row, the attempt row and the settlement commit together or not at
+  all. The outcome is final when the node succeeded without deviations, or failed for any reason but a
+  materialisation conflict; otherwise the coordinator decides (reconciliation, rebase, stop-merge).
+- If the seam returns without having called the hook (it refused before recording anything), the job settles
+  the attempt itself, in its own fenced transaction: an attempt row is never left ``started`` by a job that
+  returned.
+- An executor's value must be plain JSON: anything else fails the node (typed ``CanonicalError``), never the
+  run.
+- The executor receives the pass's cancellation token as ``NodeInput.cancel`` (``cancel.py``): a typed scheduler
+  failure cancels it and marks the attempt ``failed`` first, so an interrupted job's own settlement finds a
+  terminal row and writes nothing (``AttemptStore`` refuses to settle an attempt twice).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from ..cache.model import DispatchRequest, DispatchResult
+from ..canonical import canonical_bytes
+from ..errors import CanonicalError, MaterializationConflict, SchedulerError, SmthrsError
+from ..plan import PlanNode
+from ..records.attempts import AttemptStore
+from ..records.journal import Journal
+from ..records.runs import OwnerId
+from ..stores.database import Database
+from ._commits import CommitQueue
+from .cancel import CancelToken
+from .model import NodeInput, Outcome
+
+__all__ = [
+    "SettleSpec",
+    "NodeJob",
+    "JobOutcome",
+    "final_outcome",
+    "is_conflict",
+    "error_json",
+    "error_line",
+    "settled_payload",
+]
+
+
+def is_conflict(error: BaseException | None) -> bool:
+    """A copy-back compare-and-set refusal (the sandbox's ``MaterializationConflict``)."""
+    return isinstance(error, MaterializationConflict) or (
+        isinstance(error, SmthrsError) and error.code == "materialization_conflict"
+    )
+
+
+def final_outcome(result: DispatchResult) -> Outcome | None:
+    """The node outcome a dispatch decides on its own, or ``None`` when the coordinator must decide."""
+    if result.outcome in ("built", "clean"):
+        return None if result.deviations else result.outcome
+    return None if is_conflict(result.error) else "failed"
+
+
+def error_line(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    if isinstance(error, SmthrsError):
+        return f"{type(error).__name__}[{error.code}]: {error.message}"
+    return f"{type(error).__name__}: {error}"
+
+
+def error_json(error: BaseException | None) -> dict[str, Any]:
+    if error is None:
+        return {"type": "unknown", "message": "the dispatch failed without an error"}
+    out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    if isinstance(error, SmthrsError):
+        out["code"] = error.code
+        out["message"] = error.message
+    return out
+
+
+@dataclass(frozen=True)
+class SettleSpec:
+    """What the job writes when its dispatch settles. ``attempt`` counts this node's dispatches in this pass;
+    ``row`` is the attempt row's number under ``key`` (begun by the coordinator)."""
+
+    run_id: str
+    owner: OwnerId
+    plan_id: str
+    node_id: str
+    plan_key: str
+    key: str
+    attempt: int
+    row: int
+    rebases: int
+    meta: dict[str, Any]
+
+
+def settled_payload(
+    plan_id: str, node_id: str, plan_key: str, key: str | None, outcome: str, attempts: int, rebases: int
+) -> dict[str, Any]:
+    """``node-settled {plan_id, node_id, plan_key, dispatch_key?, outcome, attempts, rebases}``."""
+    out: dict[str, Any] = {"plan_id": plan_id, "node_id": node_id, "plan_key": plan_key}
+    if key is not None:
+        out["dispatch_key"] = key
+    out.update(outcome=outcome, attempts=attempts, rebases=rebases)
+    return out
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished job. ``final`` is the outcome journaled with the attempt (``None``: the coordinator decides)."""
+
+    node_id: str
+    result: DispatchResult
+    final: Outcome | None
+
+
+def _decision_tag(result: DispatchResult) -> str | None:
+    return None if result.decision is None else str(result.decision.tag)
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """One node attempt for a host. ``request`` has no hook yet: :meth:`run` adds it."""
+
+    db: Database
+    dispatcher: Any
+    executor: Callable[[NodeInput], Any]
+    request: DispatchRequest
+    spec: SettleSpec
+    node: PlanNode
+    inputs: tuple[Any, ...]
+    boundary: str
+    #: The pass's cancellation token, handed to the executor as ``NodeInput.cancel`` (pickles as a fresh token).
+    cancel: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)
+    #: The coordinator's commit queue (``_commits.py``): in its process, the settlement commits in the
+    #: coordinator's transaction. It never pickles: a job in another process commits itself, fenced.
+    commits: CommitQueue | None = field(default=None, repr=False, compare=False)
+    #: Started before its attempt row committed (``_session.py``, pipelining): its settlement MUST commit through
+    #: ``commits``, after that row.
+    pipelined: bool = False
+    _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_done", None)
+        state["commits"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "__dict__", {**state, "_done": threading.Event()})
+
+    # -- executor side ---------------------------------------------------------------------------------------
+    def _execute(self, root: Path) -> Any:
+        value = self.executor(
+            NodeInput(
+                node=self.node,
+                attempt=self.spec.attempt,
+                inputs=self.inputs,
+                root=Path(root),
+                key=self.spec.key,
+                boundary=self.boundary,
+                cancel=self.cancel,
+                workspace=Path(self.request.workspace),
+                declaration=self.request.declaration,
+            )
+        )
+        try:
+            canonical_bytes(value)
+        except CanonicalError as exc:
+            raise CanonicalError(
+                "not_canonicalizable",
+                f"node {self.node.id!r} returned a value that is not plain JSON ({exc.message}); return dicts, "
+                "lists, strings, finite numbers, booleans or None",
+                cause=exc,
+            ) from exc
+        return value
+
+    # -- settlement --------------------------------------------------------------------------------------------
+    def _settle(self, conn: Connection, result: DispatchResult) -> None:
+        s = self.spec
+        if self.pipelined and not CommitQueue.serving():
+            # Its attempt row may not exist yet: only the coordinator's flush orders the two.
+            raise SchedulerError(
+                "store_failed",
+                f"the dispatcher settled node {s.node_id!r} in a transaction of its own; a dispatcher must commit "
+                "the transaction that calls request.on_settled through request.commit (see DispatchRequest)",
+                node=s.node_id,
+            )
+        attempts = AttemptStore(self.db)
+        journal = Journal(self.db)
+        final = final_outcome(result)
+        meta = {
+            **s.meta,
+            "outcome": result.outcome,
+            "decision": _decision_tag(result),
+            "deviations": [{"kind": d.kind, "paths": list(d.paths)} for d in result.deviations],
+        }
+        if result.outcome in ("built", "clean"):
+            attempts.complete_in(conn, s.run_id, s.owner, s.key, s.row, result=result.value, meta=meta)
+        else:
+            meta["conflict"] = is_conflict(result.error)
+            attempts.fail_in(conn, s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
+        journal.append_in(
+            conn,
+            s.run_id,
+            "attempt-finished",
+            {
+                "plan_id": s.plan_id,
+                "node_id": s.node_id,
+                "dispatch_key": s.key,
+                "attempt": s.row,
+                "outcome": result.outcome,
+            },
+        )
+        if final is not None:
+            journal.append_in(
+                conn,
+                s.run_id,
+                "node-settled",
+                settled_payload(s.plan_id, s.node_id, s.plan_key, s.key, final, s.attempt, s.rebases),
+            )
+        self.db.on_commit(self._done.set)
+
+    def run(self) -> JobOutcome:
+        """Dispatch through the seam; settle the attempt durably (see the module invariants)."""
+        if self.pipelined and self.commits is None:
+            raise SchedulerError(
+                "store_failed",
+                f"node {self.spec.node_id!r} started before its attempt row committed, in another process than its "
+                "coordinator; a host that runs jobs elsewhere must not declare shares_process",
+                node=self.spec.node_id,
+            )
+        commit = self.db.write_batched if self.commits is None else self.commits.commit
+        request = replace(self.request, on_settled=self._settle, commit=commit)
+        result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
+        if not self._done.is_set():
+            commit(lambda conn: self._settle(conn, result))
+        return JobOutcome(self.spec.node_id, result, final_outcome(result))
