@@ -47,10 +47,15 @@ test-stress: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)
 	PYTHON=$(BIN)/python .ci/stress $(STRESS_RUNS) $(PYTEST_ARGS)
 
+# The house's rules run from the repo itself: import contracts in pyproject.toml (floors, no cycles, private
+# modules), the same private-module rule for tests/benchmarks/examples, and the module size ceiling.
 lint: $(STAMP_TEST)
-	$(BIN)/ruff check smthrs_plugin tests benchmarks examples
-	$(BIN)/ruff format --check smthrs_plugin
+	$(BIN)/ruff check smthrs_plugin tests benchmarks examples tools
+	$(BIN)/ruff format --check smthrs_plugin tools
 	$(BIN)/mypy smthrs_plugin
+	$(BIN)/lint-imports
+	$(BIN)/python tools/check_test_imports.py
+	$(BIN)/python tools/check_module_size.py
 
 bench: $(STAMP_TEST)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -39,6 +39,7 @@ from . import plan as plan
 from .control.approvals import require_approval
 from .control.facade import Control
 from .engine.context import RunContext, RunParked, current_run
+from .engine.context import register_provider as _register_provider
 from .engine.drive.active_run import (
     DriveLost,
     DriveNotClaimed,
@@ -67,11 +68,16 @@ from .errors import (
     WaitError,
 )
 from .hooks import hookimpl
+from .prefect import flow_run_context as _flow_run_context
 from .prefect.workspace import Workspace
 from .runtime import Runtime, open_runtime
 from .scheduler.model import NodeInput
 from .scheduler.planfile import load_plan
 from .settings import Settings, load_settings
+
+# The composition of the public face: waits inside a Prefect @flow body find their run through the Prefect
+# integration's provider (asked only when nothing was activated on the thread; free outside a flow run).
+_register_provider(_flow_run_context)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .prefect.flows import durable_run

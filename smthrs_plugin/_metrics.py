@@ -5,7 +5,7 @@ dispatch seam and the sandbox (cache, boundary), the plan scheduler — sits bel
 it. Those layers take a :class:`MetricsPort` collaborator in their constructor and default it to
 :data:`NULL_METRICS`, so they can always call ``metrics.cache_decision("Miss")`` without a check. The
 OpenTelemetry-backed implementation (``smthrs_plugin.observe.metrics.Metrics``) is injected by the composition
-root. Prior art: the seed's ``EngineStoreMetrics`` (``@smthrs/engine-store``, guide "observe-engine-metrics").
+root. Prior art: the reference's ``EngineStoreMetrics`` (``@smthrs/engine-store``).
 
 Invariants
 - Every vocabulary is closed. A tag outside it is a programming error and raises ``ValueError`` at once, in the
@@ -13,7 +13,7 @@ Invariants
 - Outcome tags become attribute values in snake case (``HeartbeatFresh`` → ``heartbeat_fresh``); the table is
   precomputed, so recording never runs a regular expression.
 - :func:`exit_tag` says ``Interrupt`` only when *every* cause is an interruption (a caller's cancellation, a
-  ``KeyboardInterrupt``, or the fencing self-interruption ``FenceLost``) — the seed's ``Cause.hasInterruptsOnly``.
+  ``KeyboardInterrupt``, or the fencing self-interruption ``FenceLost``) — the reference's ``Cause.hasInterruptsOnly``.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class MetricsPort(Protocol):
         """Time one durable dispatch, admission through settlement, and count its exit."""
 
     def scheduler_admission(self) -> None:
-        """One scheduler admission pass launched at least one dispatch (no outcome attribute, as in the seed)."""
+        """One scheduler admission pass launched at least one dispatch (no outcome attribute: the reference requires none)."""
 
     def observe_scheduler_dispatch(self) -> Observer:
         """Time one scheduler node dispatch, rebase turns included (a timer only: node outcomes count apart)."""
@@ -193,7 +193,7 @@ class MetricsPort(Protocol):
         """Time one copy-back and count its exit."""
 
     def sandbox_conflict(self) -> None:
-        """One copy-back compare-and-set refusal (no outcome attribute, as in the seed)."""
+        """One copy-back compare-and-set refusal (no outcome attribute: the reference requires none)."""
 
     def boundary_settled(self, tag: BoundarySettlement) -> None:
         """One step-boundary settlement at the dispatch seam."""

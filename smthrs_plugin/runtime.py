@@ -17,12 +17,14 @@ Invariants
 - One workspace, one measurer: the dispatcher and every scheduler share it (its stat cache is what keeps
   re-measurement cheap).
 - Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
-  by :meth:`Runtime.scheduler` drives its own run (a private pass lifecycle, not the registry-driven
+  by :meth:`Runtime.scheduler` drives its own run through
+  :class:`~smthrs_plugin.engine.drive.pass_lifecycle.PassLifecycle` (on a run lease, not the registry-driven
   :class:`~smthrs_plugin.engine.drive.driver.RunDriver`: a pass runs on its caller's thread and answers with a
-  ``Report`` or a typed scheduler error, never a ``DriveOutcome``): it creates the run if needed, claims
-  it (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
-  ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it ``failed`` too). A pass interrupted by anything else, or
-  refused for its input identity (``invalid_plan``), releases the run instead, so ``--run-id`` resumes it.
+  ``Report`` or a typed scheduler error, never a ``DriveOutcome``): it creates the run if needed, claims it
+  (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
+  ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it
+  ``failed`` too). A pass interrupted by anything else, or refused for its input identity (``invalid_plan``),
+  releases the run instead, so ``--run-id`` resumes it.
   Every scheduler it makes gates nodes declaring ``approval:`` with the control plane's ``NodeGate`` (asked before the
   node's attempt begins; a pending request parks the run ``waiting-approval``), and :meth:`Runtime.control` is the
   control plane wired with this process's owner and the plugins' approval authority and liveness check.
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,20 +53,18 @@ from .cache.signing import Trust, shared_trust_warning, trust_from_settings
 from .codecs import CodecRegistry
 from .control.approvals import NodeGate
 from .control.facade import Control
-from .engine.context import RunCancelled, RunParked, RunReleased
-from .engine.drive.active_run import ActiveRun
 from .engine.drive.driver import RunDriver
-from .engine.ownership.arbiter import Activated, Ownership, Terminal
+from .engine.drive.pass_lifecycle import PassLifecycle
+from .engine.ownership.arbiter import Ownership
 from .engine.ownership.liveness import LivenessCheck
 from .engine.waits.flow_waits import HostWaker, set_default_host_waker
-from .errors import FenceLost, SchedulerError, passing_fault
 from .hooks.manager import Plugins, get_plugins
 from .hooks.wiring import observed_metrics, scheduler_options
-from .plan import ABSENT, Concurrency, Plan
+from .plan import ABSENT, Concurrency
 from .records.journal import Journal
 from .records.runs import OwnerId, RunStore, current_owner
 from .records.waits import WaitStore
-from .scheduler import PlanScheduler, Reconciler, Report
+from .scheduler import PlanScheduler, Reconciler
 from .scheduler.host import Host
 from .settings import Settings, load_settings
 from .stores.artifacts import ArtifactStore
@@ -85,71 +84,6 @@ class CacheTiers:
     shared: SharedTier
     host_id: str
     warning: str | None = None
-
-
-class _PassLifecycle:
-    """The lifecycle of a scheduler pass that drives its own run: create → claim → heartbeat → settle (see the
-    module docstring). Kept apart from ``RunDriver``: a pass is entered and exited by a scheduler on its caller's
-    thread and refuses a settled or held run with a typed error, where a driver runs registered flow code and
-    answers with a ``DriveOutcome``."""
-
-    def __init__(self, runs: RunStore, ownership: Ownership, waits: WaitStore) -> None:
-        self.runs = runs
-        self.ownership = ownership
-        self.waits = waits
-        # Durable waits (engine/active_run.py): heartbeat + cancellation poll, and the run context a timer node
-        # (or sp.sleep in a node) reads, current on the pass's thread between enter and exit.
-        self._active: dict[str, tuple[ActiveRun, ExitStack]] = {}
-
-    def enter(self, run_id: str, plan: Plan) -> None:
-        self.runs.create(run_id, plan.flow)
-        decision = self.ownership.claim(run_id)
-        if isinstance(decision, Terminal):
-            raise SchedulerError(
-                "invalid_plan",
-                f"run {run_id!r} already settled ({decision.status}); start a new run id — work it built is served "
-                "from the cache",
-                run_id=run_id,
-            )
-        if not isinstance(decision, Activated):
-            raise FenceLost(
-                "fence_lost",
-                f"run {run_id!r} is held by another owner ({type(decision).__name__}); wait for it to finish, or for "
-                "its lease to lapse if it died",
-                run_id=run_id,
-            )
-        active = ActiveRun(decision, plan.flow, ownership=self.ownership, runs=self.runs, waits=self.waits)
-        scope = ExitStack()
-        scope.enter_context(active.activated())
-        self._active[run_id] = (active, scope)
-
-    def exit(self, run_id: str, report: Report | None, error: BaseException | None) -> None:
-        active, scope = self._active.pop(run_id)
-        scope.close()
-        active.stop_heartbeat()
-        if isinstance(error, FenceLost):
-            return  # another owner holds the run: nothing of ours to write
-        if isinstance(error, (RunParked, RunCancelled, RunReleased)) or passing_fault(error) is not None:
-            # A timer node beyond the wait budget parks the run at its stored deadline (``error.waiting`` says
-            # how); a cancellation settles it ``cancelled``; a shutdown, or a passing fault of the environment (a
-            # full disk, the store gone: never the run's failure), releases it.
-            active.conclude(error=error)
-            return
-        if report is not None:
-            status = "failed" if report.failed else "completed"
-            # Settling closes the run's pending clocks in the same transaction (and turns a completion racing a
-            # cancellation request into ``cancelled``).
-            active.settle(
-                status,
-                result={"plan_id": report.plan_id, "digest": report.digest, "outcomes": report.outcomes},
-            )
-        elif isinstance(error, SchedulerError) and error.code != "invalid_plan":
-            active.settle("failed", error=error.to_dict())
-        else:
-            # A refused input (wrong plan/environment for this run) or an interruption: the run stays resumable.
-            self.ownership.release(
-                run_id, cause="refused" if isinstance(error, SchedulerError) else "interrupted"
-            )
 
 
 class Runtime:
@@ -189,7 +123,7 @@ class Runtime:
         # Publisher trust from SMTHRS_CACHE_* settings (cache/signing.py): decided at open, so a bad key
         # is refused before anything runs, and shared by the dispatcher and the cache tiers.
         self.trust: Trust = trust if trust is not None else trust_from_settings(settings, self.workspace)
-        self._lifecycle = _PassLifecycle(self.runs, self.ownership, self.waits)
+        self._lifecycle = PassLifecycle(self.runs, self.ownership, self.waits)
         self._schedulers: list[PlanScheduler] = []
         self._lock = threading.RLock()
         self._measurer: Measurer | None = None

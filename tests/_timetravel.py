@@ -1,8 +1,8 @@
 """Time passing without waiting, for tests that drive real processes (imported by name: the root conftest puts
 this directory on sys.path).
 
-A test whose outcome depends on a command finishing before a short real-time deadline flakes on a busy machine
-(issue 14). So the processes under test get deadlines and leases far longer than any command (an hour), and the
+A test whose outcome depends on a command finishing before a short real-time deadline flakes on a busy machine.
+So the processes under test get deadlines and leases far longer than any command (an hour), and the
 test moves the stored instant into the past in the database when it wants the time to have passed. A process
 that re-armed a fresh deadline instead of keeping the stored one would then wait for hours, and the test fails —
 so moving the stored value is also the stronger check.

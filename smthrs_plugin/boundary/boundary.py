@@ -1,7 +1,7 @@
 """The step boundary: ``prepare`` (measure the declared reads) → run → ``settle`` (measure the writes, classify,
 record evidence). ``replay_outputs`` lives in :mod:`.replay`, the sandboxed variant in :mod:`.sandbox`.
 
-Invariants (seed: concepts/step-boundaries)
+Invariants
 - The same observation is a refusal in ``hard`` mode (``BoundaryRefusal`` undeclared_write /
   missing_declared_output / surviving_declared_removal, naming the paths) and a recorded deviation in
   ``expected`` mode (``ExpectedSetDeviation`` / ``MissingDeclaredOutput`` / ``SurvivingDeclaredRemoval``).

@@ -5,7 +5,7 @@ Invariants
   ``<root>/.smthrs/tmp`` and verified against its digest; only when all of them verified are they renamed into
   place (``os.replace``: a reader sees the old file or the new one, never a torn one) and the declared
   removals applied. A failure while staging leaves the workspace untouched.
-- Three refusals a caller can act on (seed: step-boundaries): ``missing_artifact`` (a spilled blob is not in
+- Three refusals a caller can act on: ``missing_artifact`` (a spilled blob is not in
   the store: hydrate it from the shared tier and retry once), ``boundary_corruption`` (bytes no longer hash to
   their digest: never served), ``unsupported_boundary`` (anything else; the cause is kept whole).
 - Outputs never land outside the workspace, even through a symlinked directory.

@@ -1,7 +1,7 @@
 """The workspace transaction: run a step's body in a temporary tree, diff the whole tree, copy declared outputs
 back as a compare-and-set.
 
-Invariants (seed: concepts/workspace-transactions)
+Invariants
 - The transaction is the tree. ``hermetic`` seeds the tree with the declared reads only, so an undeclared read
   finds no file (Bazel's sandboxed spawn); ``whole-tree`` seeds a full copy of the workspace minus
   the reserved ``.smthrs/``, ``.git/``, ``.venv/`` (``plan.fileset.RESERVED_TOP``). Every seeded read is hashed *as copied* and must equal the prepared
@@ -36,7 +36,7 @@ Invariants (seed: concepts/workspace-transactions)
   seeds: an effect-free body there may still read the workspace copy.
 - Every copy-back attempt (and only a copy-back: a refused body or a hard-mode refusal never reaches one) is one
   materialization on the injected metrics port: counted with its exit outcome (``Success``; ``Failure`` for a
-  conflict or a failed copy; ``Interrupt``) and timed (seed: observe-engine-metrics).
+  conflict or a failed copy; ``Interrupt``) and timed (as the reference's metrics require).
 
 The sandbox is a correctness tool, not a security boundary: a body that opens absolute paths can reach the real
 workspace. Absolute symlinks into the workspace are re-pointed into the sandbox so a plain tool cannot write

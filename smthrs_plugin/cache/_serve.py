@@ -1,48 +1,18 @@
 """Serving one stored entry: confine → re-admit → re-measure the read set → replay (hydrate a missing blob,
 retry once).
 
-Invariants (seed step-boundaries "Replay refusals a caller can act on")
-- **A hit touches only what the current request declares.** Whoever can write a cache tier (the shared
-  ``s3://`` root, the local database) must not be able to write or delete anything else in the workspace, so
-  an entry is confined to the REQUESTING declaration before anything else is checked (:func:`check_confined`):
-  every output must be covered by the request's declared writes (exact, tree or glob); every removal by its
-  declared removes, or — as an honest settle records deletions inside the write set — by its declared writes
-  (a tree removal only by a declared tree); no output or removal may lie in a reserved top-level directory
-  (``.smthrs/``, ``.git/``, ``.venv/``); no removal may delete one of the request's declared reads (the path
-  itself or a directory above it) unless the request declares that read written or removed; and an exact
-  removal covered only by a file write must not be a directory here (removing it would delete a tree the
-  request never declared). A violation
-  is ``ReplayFailed(reserved_path | undeclared_output | undeclared_removal)`` naming the path; the work
-  executes instead. A local row that fails confinement is poisoned (the declaration is folded into the key, so
-  no request with that key could ever be served by it) and is invalidated.
-- An entry is served only after ALL of: its claims pass the seven admission conjuncts again, its recorded read
-  set is the one the key folded, every recorded read re-measures to its recorded digest on this workspace, and
-  every output was replayed (or is already present with its digest and mode). Anything else is a decision that
-  falls through to a real execution; nothing is ever served half-verified.
-- **A glob or tree read is verified by its expansion.** When the requesting declaration has one, its reads are
-  expanded again NOW (``check_read_set(expand=...)``) and the recorded read set must be exactly that expansion:
-  a file newly matching, one no longer matching or one changed is a ``StaleReadSet`` naming it (a new file as
-  ``(path, "absent", digest)``, a gone one as ``(path, digest, None)``). This does not trust the entry's claims
-  nor the request's read set (a caller may have measured it earlier, e.g. a run's source pins), so an entry
-  whose recorded expansion omits a file that matches now is never served, from either tier.
-- ``MissingArtifact``: the missing blobs are hydrated from the shared store into the local one and the replay is
-  retried exactly once; then ``ReplayFailed(missing_artifact)``. ``BoundaryCorruption``: the corrupt blob is
-  deleted where it was found (so re-execution can store it again — a content-addressed put skips existing names)
-  and the local entry invalidated. ``UnsupportedBoundary`` over an unavailable local store is a storage failure
-  and propagates.
-- A replay stages and verifies everything before touching the workspace (``replay_outputs``), so a failed replay
-  leaves the workspace as it was.
-- **Re-checking a served entry by stat alone** (:func:`served_state`, :func:`still_served`) proves the same facts
-  the full verification established, or answers False: every recorded read and every output is, right now, a
-  regular file (not a link) whose stat tuple the measurer's stat cache maps to the recorded digest — the same
-  trust a re-measurement gives, racy-timestamp rule included (a file changed within the racy window of its
-  hashing, or changed in place with its size and mtime restored, whose ctime then moved, is not trusted); each
-  output also has its recorded mode; a read recorded absent and every removal are still absent; every
-  directory above those paths is still the same directory (no link swapped in: a path must not start to
-  resolve outside the workspace); the workspace root is still the same directory. Anything else — including
-  a measurer without a stat cache — is False, and the caller verifies in full. A declaration with a glob or tree
-  read must also still expand to exactly the recorded paths (:func:`same_expansion`: a directory walk, no
-  hashing), since a stat of the recorded paths cannot see a file newly matching.
+Invariants
+- **A hit touches only what the current request declares** (:func:`check_confined`): every output and removal
+  must be covered by the REQUESTING declaration, none may lie in a reserved directory (``.smthrs/``, ``.git/``,
+  ``.venv/``) or delete a declared read; otherwise ``ReplayFailed(reserved_path | undeclared_output |
+  undeclared_removal)`` naming the path, and the work executes instead.
+- An entry is served only after ALL of: admission again, its read set equals the one the key folded, every read
+  re-measures to its digest, every output replayed. A glob or tree read is expanded again NOW and must match the
+  recorded expansion exactly (``StaleReadSet`` naming the file otherwise). Nothing is served half-verified.
+- ``MissingArtifact`` hydrates from the shared store and retries once; a corrupt blob is deleted where found and
+  the local entry invalidated. A replay stages and verifies before touching the workspace.
+- **Re-checking by stat alone** (:func:`served_state`, :func:`still_served`) proves the same facts as a full
+  verification (stat cache, racy-timestamp rule, no link swapped in, same expansion) or answers False.
 """
 
 from __future__ import annotations

@@ -1,52 +1,23 @@
 """The cache dispatch seam: the one place every plan node and every ``@step`` call goes through.
 
-``CacheDispatcher.dispatch(request, execute)``: consult the local tier, then the shared tier → an admissible entry
-→ re-measure its read set → replay its outputs → the stored value (outcome ``clean``); or run ``execute`` in the
-workspace sandbox → settle → admit → publish (outcome ``built``).
+``CacheDispatcher.dispatch(request, execute)``: local tier, then shared tier → an admissible entry → re-measure its
+read set → replay → the stored value (``clean``); or run ``execute`` in the sandbox → settle → admit → publish
+(``built``).
 
 Invariants
-- **One decision per consult.** A sealed dispatch counts exactly one ``CacheDecision`` once it is final (after
-  read-set verification and output replay); a dispatch that raises mid-decision counts none. Non-sealed tiers do
-  not consult at all (``decision=None``).
-- **Per-key serialisation.** Concurrent dispatches of one key in a process run one at a time (a lock per key
-  digest), so the second consults after the first published and is served instead of executing again.
-- **Publication order.** Blobs (spilled to the local artifact store by the settle) → the local row, in the SAME
-  write transaction as ``request.on_settled(conn, result)`` (the caller's attempt row and journal record) → the
-  shared entry after commit, itself blobs-first. A failed shared publication journals ``cache-provenance
-  {action: "unpublished", stage}`` and never fails the dispatch.
-- **Admission.** Only results passing the seven conjuncts (:mod:`.admission`) are stored in the ``shared`` scope
-  and published; the others are recorded ``run-local`` (never served to another run, never published). A value
-  is stored ENCODED by the value codecs (``codecs``: plain JSON as itself, typed values wrapped with their tag,
-  large payloads as blobs in the local artifact store, published to the shared tier before the entry); a value no
-  codec can store exactly is not stored at all (``stage: "value"``), never stored in a weaker form — or, when the
-  request says ``require_cacheable_value`` (``@step``), fails the build with ``CacheError(value_uncacheable)``.
-  ``discard_value``: ``None`` is stored and returned instead of the executor's value.
-- **Freshness is the request's, never the key's.** An entry whose ``provenance.created_at_ms`` is more than
-  ``request.max_age_ms`` before this seam's clock is not served, in either tier: ``Miss(reason="expired")``,
-  journaled ``cache-provenance {action: "expired"}``. Its local row is invalidated and a shared entry is neither
-  compared against nor kept at our own name, so the build's result becomes the entry even when it differs (no
-  ``result_mismatch``), and records its renewal (``provenance.renewed``, what ``smthrs cache explain`` shows).
-  ``request.refresh`` serves nothing and replaces the same way (``Miss(reason="refresh")``). ``request.no_cache``
-  neither consults nor stores (``decision=None``, outcome ``built``).
-- **Typed values on a hit.** A served entry's value is decoded (after its read set verified, before its outputs
-  are replayed) to an equal value of the same type. A value naming a tag this process has no codec for, a class
-  it has not imported, or failing to decode, is never served and never executed as code: the entry is refused
-  (``UnverifiableEvidence``; a local row is invalidated) and the step runs.
-- **Same key, different result.** Strict by default: the dispatch fails with ``CacheError(result_mismatch)`` when
-  a different result is already recorded for the key (checked against the shared tier before the local commit
-  and against the local row inside it); ``nondeterministic`` declarations keep the first writer. A shared
-  winner that differs only after our local commit (a race between two hosts) cannot undo that commit: it is
-  journaled and our local row invalidated, so this host converges on the shared winner.
-- **Failures.** The executor raising, a hard-mode ``BoundaryRefusal``, a ``MaterializationConflict`` (the
-  scheduler rebases on it) or another ``BoundaryError`` settle ``failed`` with ``error``; storage failures of the
-  database or of the LOCAL artifact store propagate (they are not node failures). The shared tier never fails a
-  dispatch: it is unavailable → treated as a miss / left unpublished, with a warning and a journal record.
-- The seam never computes a key: the caller's ``request.key`` (``plan.keys.dispatch_key`` or the run-local key)
-  is used as given; a malformed request is refused with a typed ``CacheError`` before anything is written.
-
-Prior art: Bazel's action cache and remote execution protocol (look the action key up in the AC, verify the
-output digests exist in the CAS, else execute and upload CAS blobs before the AC entry); the seed's
-``stepCacheDecisions`` for the decision vocabulary.
+- **One decision per consult** (sealed only, counted once final); non-sealed tiers do not consult.
+- **Per-key serialisation** in a process: the second dispatch of a key is served what the first published.
+- **Publication order**: blobs → the local row in the SAME transaction as ``request.on_settled`` → the shared
+  entry after commit, blobs first. A failed shared publication is journaled and never fails the dispatch.
+- **Admission** (:mod:`.admission`): only admitted results are stored ``shared`` and published; a value no codec
+  stores exactly is not stored (or fails a ``require_cacheable_value`` build with ``value_uncacheable``).
+- **Freshness is the request's, never the key's**: ``max_age_ms``, ``refresh`` and ``no_cache`` decide what is
+  served; an expired or refreshed entry is replaced by the build's result.
+- **Same key, different result** fails with ``CacheError(result_mismatch)`` unless declared ``nondeterministic``.
+- **Failures**: the body's and the boundary's settle ``failed``; database and local-store failures propagate; the
+  shared tier never fails a dispatch (unavailable → a miss, or left unpublished, with a warning).
+- The seam never computes a key: ``request.key`` is used as given; a malformed request is a typed ``CacheError``
+  before anything is written.
 """
 
 from __future__ import annotations

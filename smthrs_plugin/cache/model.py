@@ -8,7 +8,7 @@ Invariants
 - A request carries a key that was computed *by the caller* from declarations plus measured read digests
   (``plan.keys.dispatch_key`` for sealed work, the run-local ordinal key otherwise). The seam never computes a
   weaker key: an uncomputable key is the caller's typed ``key_uncomputable`` error, raised before dispatch.
-- Exactly one :data:`CacheDecision` is produced per cache-consulting dispatch (seed: observe-engine-metrics).
+- Exactly one :data:`CacheDecision` is produced per cache-consulting dispatch (the reference's metrics count each).
   Non-sealed tiers never consult or publish the shared tier (they may replay their own run's attempt).
 - ``VerifiedHit`` is the only decision that serves a stored result; every other decision falls through to a real
   execution.

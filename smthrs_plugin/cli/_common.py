@@ -1,6 +1,6 @@
 """Shared option types, exit codes, argument checks and output helpers of the ``smthrs`` commands.
 
-Exit codes: the one table of :mod:`._exits` (0 done — for a run: completed —, 1 failed/cancelled, 2 refused input,
+Exit codes: the one table of :mod:`.exits` (0 done — for a run: completed —, 1 failed/cancelled, 2 refused input,
 3 denied, 75 not finished: parked, or held by another live owner); re-exported here for the commands.
 
 Invariants of the argument checks (each refusal is typed, exit 2, and says what to pass instead):
@@ -154,7 +154,7 @@ def done(as_json: bool, payload: dict[str, Any], text: str) -> None:
 
 
 def print_refusal(as_json: bool, exc: SmthrsError) -> int:
-    """Print a typed refusal (``{"error": {...}}`` with ``--json``); return its :func:`._exits.refusal_exit` code."""
+    """Print a typed refusal (``{"error": {...}}`` with ``--json``); return its :func:`.exits.refusal_exit` code."""
     if as_json:
         typer.echo(json.dumps({"error": exc.to_dict()}, sort_keys=True))
     elif passing_fault(exc) is not None:
@@ -166,5 +166,5 @@ def print_refusal(as_json: bool, exc: SmthrsError) -> int:
 
 
 def refuse(as_json: bool, exc: SmthrsError) -> NoReturn:
-    """Print a typed refusal and exit by :func:`._exits.refusal_exit`."""
+    """Print a typed refusal and exit by :func:`.exits.refusal_exit`."""
     raise typer.Exit(print_refusal(as_json, exc))

@@ -9,10 +9,10 @@
     smthrs resume RUN_ID --key K --flow MODULE:FLOW                 # a flow's run (a Prefect @flow, or NAME=M:F)
     smthrs cancel RUN_ID [--as ID/KIND] [--reason TEXT]
 
-(``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/run.py``.) Invariant: each command opens the runtime named
+(``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/_run.py``.) Invariant: each command opens the runtime named
 by its options, calls ONE method of :class:`~smthrs_plugin.control.facade.Control` and prints its answer — a
 rich table and a headline, or ONE JSON object with ``--json`` — and exits with the code of
-:mod:`._control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
+:mod:`.control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
 decides and the approval authority (default: only ``local/operator``) judges it.
 
 Refused before the runtime opens (exit 2, nothing created): ``approve``, ``deny``, ``resume``, ``cancel`` and ``run
@@ -21,7 +21,7 @@ would only answer "not found" after creating it); a workspace that is not a dire
 that are not positive (before a run is admitted, not as its failure); a plan file that is not a regular file (a
 FIFO would block the read forever).
 
-Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the commands.
+Absolute imports on purpose (see ``cli/_cache.py``); heavy imports stay inside the commands.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from smthrs_plugin.cli._common import (
     existing_db_url,
 )
 from smthrs_plugin.cli.control_support import (
-    Held,
     PlanLauncher,
     answer,
     concurrency_caps,
@@ -54,6 +53,8 @@ from smthrs_plugin.errors import ControlError, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.facade import Control
+    from smthrs_plugin.control.follow import Held
+    from smthrs_plugin.runtime import Runtime
 
 __all__ = ["register", "plan_command", "approve_command", "deny_command", "resume_command", "cancel_command"]
 
@@ -112,7 +113,7 @@ def plan_command(
         raise fail(as_json, exc) from None
     approval = "none" if state is None else state.tag.lower()
     if as_json:
-        # Our fields snake_case like every --json; the card itself in the seed's wire form (``card.planId``).
+        # Our fields snake_case like every --json; the card itself in the reference's wire form (``card.planId``).
         payload = {
             "plan_id": card.plan_id,
             "flow_id": card.flow_id,
@@ -137,7 +138,13 @@ def plan_command(
 
 
 def card_of_file(
-    control: Control, rt: Any, plan_file: Path, inputs: dict[str, str], principal: Any, *, renew: bool = True
+    control: Control,
+    rt: Runtime,
+    plan_file: Path,
+    inputs: dict[str, str],
+    principal: Any,
+    *,
+    renew: bool = True,
 ) -> Any:
     """Read, compile and plan a plan file (``approval: required`` gates the card); ``renew`` as in
     :meth:`Control.plan` (``smthrs plan`` renews a retired card, ``smthrs run`` does not)."""
@@ -173,7 +180,7 @@ def card_of_file(
 
 def _decision(control: Control, target: Any) -> str | None:
     """The recorded decision on ``target`` now (``approved`` | ``denied`` | None): what makes a retried ``deny``
-    exit 3 every time, whatever receipt it got (``_exits.exit_code``)."""
+    exit 3 every time, whatever receipt it got (``exits.exit_code``)."""
     from smthrs_plugin.control.authority import NodeTarget
 
     if isinstance(target, NodeTarget):
@@ -427,7 +434,7 @@ def run_with_key(
 
 
 def _finish(control: Control, receipt: Any, relaunch: Any, *, wait: bool) -> Held | None:
-    """After a run/resume receipt: finish the run it names or follow it to its end (``_control_support.follow``);
+    """After a run/resume receipt: finish the run it names or follow it to its end (``control_support.follow``);
     a ``Parked``/``Conflict``/``Terminal`` answer has nothing to finish."""
     from smthrs_plugin.control.receipts import Accepted, AlreadyApplied
 

@@ -1,5 +1,5 @@
 """``smthrs run PLAN.yaml [--run-id R] [--steps N] [--agents N] [--prefect] [--json]`` — run a plan file on the local
-host, or (``--prefect``) inside a Prefect flow run, one task run per node dispatch (``hosts.prefect``).
+host, or (``--prefect``) inside a Prefect flow run, one task run per node dispatch (``prefect/host.py``).
 
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
 result: a line per node, or ONE JSON object with ``--json`` (``run_id``, ``plan_id``, ``digest``,
@@ -17,14 +17,14 @@ do) and exits 75, every time while the fault lasts; once it is gone, the same co
 ``--key``: the same key; without: ``--run-id`` of the run printed) and its settled nodes replay. A node's own
 failure stays exit 1, final.
 
-With ``--key K`` the run goes through the control plane (``cli/control.py``: ``smthrs plan`` card, plan approval,
+With ``--key K`` the run goes through the control plane (``cli/_control.py``: ``smthrs plan`` card, plan approval,
 receipts): the same key again is the retry — it finishes the run or follows it to its end, and exits 0 only once
 the run completed (``--no-wait``: 75 naming the owner while another live process holds it).
 
 The run id defaults to ``<plan id>-<random>``: every invocation is a new run (built work is still served from
 the cache). Pass ``--run-id`` to resume a run that was interrupted (its settled nodes replay ``clean``).
 
-Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
+Absolute imports on purpose (see ``cli/_cache.py``); heavy imports stay inside the command.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ filters). Exit codes: 0 done; 2 refused input (bad filter, limit or cursor), a S
 (never created by a read), and ``show`` of a run that does not exist (the JSON object still says whether a
 tombstone records its deletion).
 
-Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the commands.
+Absolute imports on purpose; heavy imports stay inside the commands.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ object). Refused input exits 2 before anything is read — so does a run id
 this database has neither a run nor a journal for (``run_not_found``), and a SQLite database that does not exist
 (a read never creates one).
 
-Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
+Absolute imports on purpose; heavy imports stay inside the command.
 """
 
 from __future__ import annotations

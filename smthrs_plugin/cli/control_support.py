@@ -1,20 +1,16 @@
 """What the control-plane commands share: the launcher a CLI run uses, the follower that finishes a retried run (or
 says why it cannot), and the one answer a command prints (a receipt and the run it names) with its exit code from
-the one table of :mod:`._exits`.
+the one table of :mod:`.exits`.
 
 Invariants
 - **Exit 0 means exactly "the run completed"** for ``run --key``/``resume``: a run still ``pending``/``running``
   after this process is done with it never exits 0 (:func:`follow` first finishes it or follows it to its end).
-- **A retry finishes the job or says why it cannot** (:func:`follow`): when the run a receipt names is still live
-  and not driven here, a provably gone owner is taken over — at its lease expiry (``stale_after``, 30 s of
-  heartbeat age), waited for with a progress line on stderr — and the run is driven to its end in this process;
-  a live owner is followed until the run settles or parks; with ``--no-wait`` the command exits 75 naming the
-  owner instead of waiting. Waiting is driven by the control plane's clock and ``wait_poll_s``, never by wall
-  time measured here. A takeover refused by the liveness check (a live owner past its lease) is re-tried with
-  the stale sweep's backoff (2 polls, doubling per refusal of the same lease, capped at the stale window); the
-  arbiter journals that refusal once per (run, owner, lease, evidence).
+- **A retry finishes the job or says why it cannot**: the takeover/follow policy is
+  :func:`smthrs_plugin.control.follow.follow` (a provably gone owner is taken over at its lease expiry, a live one
+  followed until the run settles or parks); this module adds the command's side — a progress line on stderr while
+  it waits, and with ``--no-wait`` (or Ctrl-C) exit 75 naming the owner instead of waiting.
 - JSON: our own fields are snake_case (``run_id``, ``plan_id``, ``waiting_reason``, ``request_id`` ...); the
-  nested ``receipt`` keeps the seed's wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``).
+  nested ``receipt`` keeps the reference's wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``).
 
 The CLI is a trusted host capability: it opens the database itself, so anyone who can run it with the database's
 credentials can do what the control plane can. ``--as ID/KIND`` names the deciding principal; the approval
@@ -26,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +30,13 @@ import typer
 
 from smthrs_plugin.cli._common import print_refusal
 from smthrs_plugin.cli.exits import exit_code
+from smthrs_plugin.control.follow import Held
+from smthrs_plugin.control.follow import follow as follow_run
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.facade import AdmittedRun, Control
     from smthrs_plugin.control.identity import Principal
-    from smthrs_plugin.records.runs import OwnerId
     from smthrs_plugin.runtime import Runtime
     from smthrs_plugin.scheduler.model import Report
 
@@ -154,110 +151,23 @@ def _settlements(report: Report | None) -> list[dict[str, Any]]:
     return [] if report is None else [s.to_json() for s in report.settlements]
 
 
-@dataclass(frozen=True)
-class Held:
-    """The run is still ``pending``/``running`` under another owner this process could not (yet) take it from."""
-
-    run_id: str
-    status: str
-    owner: OwnerId
-    age_ms: int  #: heartbeat age (claim age for a pending run) when last read
-    expires_in_ms: int  #: until its lease expires (0: expired, and the liveness check vouched for the owner)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "host": self.owner.host_id,
-            "pid": self.owner.pid,
-            "nonce": self.owner.nonce,
-            "lease_age_ms": self.age_ms,
-            "lease_expires_in_ms": self.expires_in_ms,
-        }
-
-    def describe(self) -> str:
-        who = f"host {self.owner.host_id!r} pid {self.owner.pid}"
-        if self.expires_in_ms > 0:
-            lease = f"its lease ({self.age_ms / 1000:.1f} s old) expires in {self.expires_in_ms / 1000:.1f} s"
-        else:
-            lease = "its lease expired but the liveness check vouches for it (alive)"
-        return f"run {self.run_id} is {self.status}, owned by {who}; {lease}"
+def follow(
+    control: Control, run_id: str, relaunch: Callable[[], object], *, wait: bool = True
+) -> Held | None:
+    """:func:`smthrs_plugin.control.follow.follow` for a command: a progress line on stderr while it waits; None
+    once the run is settled or parked (its state gives the exit code), a :class:`Held` to report (exit 75)."""
+    out = follow_run(control, run_id, relaunch, wait=wait, on_wait=_wait_note)
+    return out if isinstance(out, Held) else None
 
 
-def follow(control: Control, run_id: str, relaunch: Any, *, wait: bool = True) -> Held | None:
-    """Finish ``run_id`` from this process, or follow it to its end (see the module invariants).
-
-    ``relaunch()`` repeats the command's own idempotent call (the same key: ``AlreadyApplied`` re-launches the run
-    when nobody drives it). Returns None once the run is settled or parked; with ``wait=False`` a :class:`Held`
-    as soon as another owner holds it."""
-    from smthrs_plugin.control import launch as ln
-    from smthrs_plugin.records.runs import TERMINAL_STATUSES
-
-    clock = control.clock
-    stale_ms = int(control.settings.stale_after_s * 1000)
-    poll_ms = max(1, int(control.settings.wait_poll_s * 1000))
-    refused: tuple[Any, int] | None = None  # (owner, lease) the liveness check last vouched for
-    refusals, retry_at = 0, 0
-    said: tuple[Any, ...] | None = None
-    said_at = 0
-    while True:
-        row = control.db.read(lambda c: ln.run_row_in(c, run_id))
-        if row is None:
-            raise ControlError("run_not_found", f"run {run_id!r} does not exist", run_id=run_id)
-        now = clock.now_ms()
-        if row.status in TERMINAL_STATUSES:
-            return None
-        if row.status == "suspended":
-            due = row.waiting_reason == "timer" and row.wake_at_ms is not None and row.wake_at_ms <= now
-            if row.waiting_reason != "released" and not due:
-                return None  # parked: an approval, an event, or a timer not yet due (exit 75)
-            holder, since = None, None
-        elif row.status == "running":
-            holder, since = row.owner, row.heartbeat_at_ms
-        else:  # pending: admitted, perhaps under another process's claim
-            holder, since = row.claim, row.claimed_at_ms
-        if holder is None or holder == control.owner or since is None:
-            relaunch()  # nobody holds it: drive it here
-            if control.db.read(lambda c: ln.run_row_in(c, run_id)) == row:
-                # Nothing moved (another process raced us to it): look again later.
-                clock.sleep(poll_ms / 1000)
-            continue
-        age = now - since
-        expires_in = max(0, stale_ms + 1 - age)  # exactly stale_after of age is still a fresh lease
-        if expires_in == 0 and ((holder, since) != refused or now >= retry_at):
-            relaunch()  # the lease expired: the arbiter steals on Dead evidence, refuses (journaled once) on Alive
-            after = control.db.read(lambda c: ln.run_row_in(c, run_id))
-            still = (
-                after is not None
-                and after.status == row.status
-                and (
-                    (after.owner, after.heartbeat_at_ms)
-                    if row.status == "running"
-                    else (after.claim, after.claimed_at_ms)
-                )
-                == (holder, since)
-            )
-            if not still:
-                continue
-            refusals = refusals + 1 if refused == (holder, since) else 1
-            refused = (holder, since)
-            retry_at = now + min(2 * 2 ** (refusals - 1) * poll_ms, stale_ms)
-        held = Held(run_id, row.status, holder, age, expires_in)
-        if not wait:
-            return held
-        phase = (holder, expires_in == 0)
-        if phase != said or now - said_at >= 10_000:
-            what = (
-                "waiting for the lease to expire to take it over"
-                if expires_in > 0
-                else "following it until it settles"
-            )
-            note = f"smthrs: {held.describe()} — {what} (Ctrl-C stops; --no-wait exits 75)"
-            print(note, file=sys.stderr, flush=True)
-            said, said_at = phase, now
-        pause = poll_ms if expires_in == 0 else min(poll_ms, expires_in)
-        try:
-            clock.sleep(max(pause, 1) / 1000)
-        except KeyboardInterrupt:
-            return held  # Ctrl-C while following: stop as --no-wait would (exit 75, naming the owner)
+def _wait_note(held: Held) -> None:
+    what = (
+        "waiting for the lease to expire to take it over"
+        if held.expires_in_ms > 0
+        else "following it until it settles"
+    )
+    note = f"smthrs: {held.describe()} — {what} (Ctrl-C stops; --no-wait exits 75)"
+    print(note, file=sys.stderr, flush=True)
 
 
 def run_decision(view: Any) -> str | None:
@@ -277,14 +187,14 @@ def answer(
     held: Held | None = None,
 ) -> int:
     """Print ``receipt`` with the state of the run it names (and the card, when given); return the exit code
-    (:func:`._exits.exit_code`). ``decision`` is the recorded decision on an approve/deny target; ``held`` the
+    (:func:`.exits.exit_code`). ``decision`` is the recorded decision on an approve/deny target; ``held`` the
     owner a ``--no-wait`` retry found holding the run."""
     from rich.console import Console
     from rich.table import Table
 
     from smthrs_plugin.serve.wire import receipt_answer
 
-    # Our JSON names the receipt's kind ``type``; the reference's wire form (``receipts.py``) names it ``_tag``.
+    # Our JSON names the receipt's kind ``type``; the reference's wire form (``control/receipts.py``) names it ``_tag``.
     # One stable shape per command (README "JSON output"): every key is present, null when it does not apply; the
     # same object `smthrs serve` answers for the verb.
     payload, view = receipt_answer(control, receipt, operation=operation, card=card)

@@ -29,7 +29,7 @@ Invariants:
 - The driver comes from the composition root (``open_runtime(...).run_driver(...)``), so it claims and steals
   with the same owner, liveness check and metrics as every other part of the runtime.
 
-Absolute imports on purpose (see ``cli/cache.py``); heavy imports stay inside the command.
+Absolute imports on purpose; heavy imports stay inside the command.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Invariant: a remembered key form is returned only for the very object it was recorded for (a weak reference
 proves it is still that object), and only while that object's guard says it is unchanged since decoding; an
 object that dies takes its entry with it (``weakref.finalize``). What "unchanged" means is each codec's own
-proof (see ``_frames``); this module only keeps the entries.
+proof (see ``frames``); this module only keeps the entries.
 
 Travelling identities (results by reference on process pools and Dask). An identity is
 process-local, but a Prefect process pool or Dask cluster pickles every value that crosses a process: a decoded

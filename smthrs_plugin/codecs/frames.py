@@ -1,66 +1,17 @@
 """Optional-extras codecs: numpy ``ndarray`` and scalars, pyarrow ``Table``, pandas ``DataFrame`` / ``Series``.
 
-No library is imported to REGISTER these codecs: :func:`frame_codecs` returns a lazy codec per library that is
-installed (found on the path, not imported), and a library is imported only when a value of its own type is keyed
-or stored (it is then already imported: the value exists) or a stored document of its tag is decoded. So opening a
-runtime — every CLI command — never pays for pandas and pyarrow (≈100 MB of RSS and a second of start-up).
+What is and is not part of a key is in docs/rules.md ("Typed values"; pinned by tests/codecs/test_frames.py).
+A caller relies on:
 
-Stability rule — what is and is not part of a key (tested in ``tests/codecs/test_frames.py``)
-- **numpy.ndarray**: the dtype's ``dtype.str`` (kind, item size AND byte order: ``<i8`` and ``>i8`` are different
-  values), the shape, and the C-order bytes. Memory layout is NOT part of the key: a Fortran-ordered array or a
-  non-contiguous view keys like its C-contiguous copy. Object dtypes (and structured dtypes, whose fields
-  ``dtype.str`` does not name) are refused with ``CodecError(invalid_value)``: they would need pickle.
-- **numpy scalars** (``np.int64``, ``np.float32``, ``np.bool_``, ``np.datetime64``, ``np.str_``, ...): the
-  ``dtype.str`` and the exact value as text — an integer in decimal, a float as ``float.hex`` (so ``-0.0`` and
-  ``0.0`` differ) with EVERY NaN of a dtype written ``"nan"`` (one key whatever its sign or payload), a complex as
-  two such floats, a datetime64/timedelta64 as its integer count in its unit or ``"NaT"``, ``np.bytes_`` as
-  base64. Decoded to the same numpy type (a value that would not is refused: ``np.longdouble``, whose padding
-  bytes are not part of its value, ``np.void``, and aliases such as ``np.longlong`` that ``dtype.str`` names as
-  another type); a stored document is accepted only if the value it decodes to writes exactly that document.
-- **pyarrow.Table**: one canonical Arrow IPC *stream* (no compression, metadata version V5) of the table after
-  ``combine_chunks()``, written as at most one record batch. Part of the key: the schema (field names, types,
-  nullability, order, and the schema/field metadata — a Table's metadata is part of its value), and the data
-  including the validity bitmaps. NOT part of the key: chunking. Bytes under null slots ARE written by Arrow, so two
-  equal tables whose null slots hide different bytes key differently: a spurious miss, never a wrong hit.
-- **pandas.DataFrame / pandas.Series**: ``pa.Table.from_pandas(df, preserve_index=None)`` then the same canonical
-  stream. Part of the key: every cell, the index and its names (a ``RangeIndex`` as its exact start/stop/step in the
-  ``pandas`` metadata, any other index as data columns), the column labels and their ORDER, the column-index
-  names, and the dtypes (as recorded by pyarrow's ``pandas`` schema metadata). NOT part of the key: memory layout, block consolidation, chunking, ``attrs`` and
-  ``flags`` (pandas' own ``equals`` ignores them too; they are not stored), and the versions of pandas/pyarrow that
-  wrote the stream (the ``creator`` / ``pandas_version`` fields are stripped). A Series is stored as a one-column
-  frame plus its ``name`` (``str``, ``int`` or ``None``). ``object`` columns (or index levels) must hold only
-  ``str`` (or missing values), or — columns only — Python ``list``/``dict`` values (``None`` where missing): such
-  a column becomes the Arrow list/struct column pyarrow infers, accepted only if it reads back to exactly the same
-  Python values and types (every dict with the same keys; leaves ``str``, ``int``, ``float``, ``bool``, ``bytes``
-  or ``None``) and decoded back to those lists/dicts. Anything else — ints mixed with strings, NaN as a missing
-  list, ragged dicts, arbitrary objects — is refused (``invalid_value``): never pickled, never keyed by ``repr``.
-  A struct's field order is its first dict's key order, so equal frames whose dicts list keys in another order
-  key differently (a spurious miss, never a wrong hit). Columns of ``pd.ArrowDtype`` list/struct/map types keep
-  that dtype.
-
-Decoding never executes code: an ndarray is ``np.frombuffer`` of verified bytes; a Table is read from an Arrow IPC
-stream (a data format, no code) and fully validated; a DataFrame is that table's ``to_pandas()``. Large payloads
-(over :data:`INLINE_LIMIT`, the built-in ``bytes`` codec's limit) live in the content-addressed store through the
-injected sink (without a sink they stay inline, as for ``bytes``); a payload read back is
-checked against its recorded size and SHA-256 before it is parsed (``CodecError(undecodable)`` otherwise).
-
-Results by reference. A value *decoded* by these codecs remembers the digest it came from
-(process-local, ``id(obj)`` → weak reference + key form, dropped by ``weakref.finalize``), so keying the SAME object
-again (a step receiving another step's cached result) costs no hashing. Reuse is only sound while the object is
-unchanged, so it is restricted to objects this module created from immutable bytes:
-- ndarrays are decoded read-only over a ``bytes`` object, so their ``writeable`` flag can never be set again;
-  the digest is reused only while ``writeable`` is False.
-- Tables are immutable and decoded zero-copy over the verified bytes.
-- DataFrames/Series are mutable with no write flag. The digest is reused only under pandas Copy-on-Write (always on
-  in pandas >= 3): a hidden shallow copy is kept with the entry, so ANY in-place write to the frame must copy the
-  written block; the entry records the block value objects, their placements, the index and column objects and
-  their names, and a later key_form reuses the digest only if all of these are still the same objects/values.
-  Anything else (no Copy-on-Write, pandas internals not as expected) simply hashes again — correctness over speed.
-- Across processes (a Prefect process pool, Dask workers), Tables, DataFrames and Series carry their key form
-  through pickle (``_identity.carry``: the sender's snapshot and guard, the receiver's :func:`_arrive`). ndarrays do
-  not: a reducer on every array would give up numpy's protocol-5 out-of-band buffers, which Dask relies on.
-Values a step *returns* on a miss (the author's own objects) are never registered: their buffers may be aliased by
-writeable arrays the author still holds.
+- Registering these codecs imports no library (:func:`frame_codecs` finds, never imports); a library is imported
+  only when a value of its type is keyed or stored, or a stored document of its tag is decoded.
+- Decoding never executes code (``np.frombuffer`` of verified bytes, a validated Arrow IPC stream); values that
+  would need pickle (object dtypes, mixed object columns) are refused with ``CodecError(invalid_value)``.
+- Payloads over :data:`INLINE_LIMIT` live in the content-addressed store through the injected sink and are
+  checked against their size and SHA-256 before they are parsed.
+- A DECODED value remembers its digest while it provably cannot have changed (read-only arrays, Tables,
+  frames under Copy-on-Write), so keying it again costs no hashing; anything else hashes again. Values a step
+  returns are never registered.
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .._control_cards import CardNode, Envelope, PlanCard
 from ..canonical import sha256_hex
 from ..errors import ControlError
 from ..plan import Plan, verify_plan
+from ..records import control as rc
 from ..records.journal import Journal, plan_partition
-from . import _store as st
-from ._cards import CardNode, Envelope, PlanCard
 from .approvals import gate_spec
 from .identity import Principal, decode_input
 
@@ -63,7 +63,7 @@ def mint_card_in(
     base = name if len(name) <= 200 else "plan-" + sha256_hex(name.encode("utf-8"))[:16]
     plan_id = f"{base}-{probe.digest[:12]}" + (f".{seq}" if seq else "")
     card = replace(probe, plan_id=plan_id)
-    st.insert_card_in(conn, card, seq, name, now)
+    rc.insert_card_in(conn, card, seq, name, now)
     journal.append_in(
         conn,
         plan_partition(plan_id),
@@ -80,17 +80,17 @@ def mint_card_in(
     )
     if not card.deploy_class:
         return card
-    token = st.insert_token_in(
+    token = rc.insert_token_in(
         conn, token_id, "Plan", flow_id=card.flow_id, digest=card.digest, envelope=card.envelope, now_ms=now,
         plan_id=plan_id,
     )  # fmt: skip
-    remembered = st.matching_grant_in(
+    remembered = rc.matching_grant_in(
         conn, "Plan", flow_id=card.flow_id, digest=card.digest, envelope=card.envelope, run_id=None
     )
     if remembered is not None:
-        st.insert_decision_in(
+        rc.insert_decision_in(
             conn,
-            st.DecisionRow(token.token_id, "approved", remembered.principal, now, remembered.scope, None,
+            rc.DecisionRow(token.token_id, "approved", remembered.principal, now, remembered.scope, None,
                            remembered.grant_id),
         )  # fmt: skip
         journal.append_in(
@@ -103,15 +103,15 @@ def mint_card_in(
     return card
 
 
-def retired_in(conn: Connection, card: st.CardRow) -> bool:
+def retired_in(conn: Connection, card: rc.CardRow) -> bool:
     """A denied card, or one whose ``once`` grant a run already used: a launch of its content needs a new card."""
     if not card.gated:
         return False
-    token = st.plan_token_in(conn, card.plan_id)
-    decision = None if token is None else st.decision_in(conn, token.token_id)
+    token = rc.plan_token_in(conn, card.plan_id)
+    decision = None if token is None else rc.decision_in(conn, token.token_id)
     if decision is None:
         return False
     if decision.decision == "denied":
         return True
-    grant = st.grant_in(conn, decision.grant_id) if decision.grant_id else None
+    grant = rc.grant_in(conn, decision.grant_id) if decision.grant_id else None
     return grant is not None and grant.scope == "once" and grant.used_at_ms is not None

@@ -1,7 +1,7 @@
 """Approvals: approval tokens, durable decisions and grants, and the node gates that ask for them.
 
-Two gates carry an approval (seeds/001 "Gate work behind an approval"): a **plan approval** decides whether a run
-starts (its token is minted with the plan card, ``control.py``); a **node approval** is registered by a running
+Two gates carry an approval: a **plan approval** decides whether a run
+starts (its token is minted with the plan card, ``facade.py``); a **node approval** is registered by a running
 step — ``sp.require_approval(request_id, envelope=...)`` in a ``@step`` flow, or a plan node declaring
 ``approval: {request, envelope}`` (:class:`NodeGate`) — and decides something inside a run that already started.
 
@@ -31,15 +31,15 @@ from typing import Any, ClassVar, Literal, Union
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._control_cards import GRANT_SCOPES, Envelope, check_envelope, check_plan_digest
 from ..canonical import sha256_hex
 from ..engine.context import RunContext, RunParked, check_wait_allowed, current_run
 from ..errors import ApprovalDenied, ControlError, PlanError, SmthrsError
+from ..records import control as rc
 from ..records.journal import Journal, plan_partition
 from ..records.runs import TERMINAL_STATUSES, OwnerId, assert_owner, run_row_in
 from ..records.waits import WaitStore
 from ..stores.database import Database, open_database
-from . import _store as st
-from ._cards import GRANT_SCOPES, Envelope, check_envelope, check_plan_digest
 from .authority import (
     DEFAULT_AUTHORITY,
     AuthorityRequest,
@@ -106,7 +106,7 @@ class Denied:
 TokenState = Union[PendingApproval, Approved, Denied]
 
 
-def state_of(token: st.TokenRow, decision: st.DecisionRow | None) -> TokenState:
+def state_of(token: rc.TokenRow, decision: rc.DecisionRow | None) -> TokenState:
     """The state a token's decision row (or its absence) stands for."""
     if decision is None:
         return PendingApproval(token.token_id, token.target)
@@ -173,7 +173,7 @@ class Approvals:
         assert isinstance(env, Envelope)
         if digest is not None:
             check_text(digest, "plan_card", "the request digest")
-        token_id = st.new_id("tok")  # minted outside the callback: a retried transaction reuses it
+        token_id = rc.new_id("tok")  # minted outside the callback: a retried transaction reuses it
 
         def fn(conn: Connection) -> TokenState:
             row = run_row_in(conn, run_id)
@@ -186,13 +186,13 @@ class Approvals:
             if owner is not None:
                 assert_owner(conn, run_id, owner)
             want = digest if digest is not None else f"{row.flow}:{request_id}"
-            existing = st.node_token_in(conn, run_id, request_id)
+            existing = rc.node_token_in(conn, run_id, request_id)
             if existing is not None:
                 check_plan_digest(existing.digest, want)
                 check_envelope(existing.envelope, env)
-                return state_of(existing, st.decision_in(conn, existing.token_id))
+                return state_of(existing, rc.decision_in(conn, existing.token_id))
             now = self.clock.now_ms()
-            token = st.insert_token_in(
+            token = rc.insert_token_in(
                 conn, token_id, "Node", flow_id=row.flow, digest=want, envelope=env, now_ms=now,
                 run_id=run_id, request_id=request_id,
             )  # fmt: skip
@@ -206,14 +206,14 @@ class Approvals:
                     "approvalTarget": _node_target(token).to_json(),
                 },
             )
-            grant = st.matching_grant_in(
+            grant = rc.matching_grant_in(
                 conn, "Node", flow_id=row.flow, digest=want, envelope=env, run_id=run_id
             )
             if grant is None:
                 return PendingApproval(token.token_id, token.target)
-            decision = st.insert_decision_in(
+            decision = rc.insert_decision_in(
                 conn,
-                st.DecisionRow(
+                rc.DecisionRow(
                     token.token_id, "approved", grant.principal, now, grant.scope, None, grant.grant_id
                 ),
             )
@@ -238,8 +238,8 @@ class Approvals:
         """The state of a registered node approval, or None when the run never asked for it."""
 
         def fn(conn: Connection) -> TokenState | None:
-            token = st.node_token_in(conn, run_id, request_id)
-            return None if token is None else state_of(token, st.decision_in(conn, token.token_id))
+            token = rc.node_token_in(conn, run_id, request_id)
+            return None if token is None else state_of(token, rc.decision_in(conn, token.token_id))
 
         return self.db.read(fn)
 
@@ -255,12 +255,12 @@ class Approvals:
         target: Target,
         principal: Principal,
         scope: str | None,
-    ) -> tuple[st.TokenRow, st.DecisionRow]:
+    ) -> tuple[rc.TokenRow, rc.DecisionRow]:
         """Resolve ``target``'s token once, inside the caller's write (see the module invariants)."""
         if action == "approve":
             scope = check_scope(scope)
         token = self._token_for(conn, target)
-        decision = st.decision_in(conn, token.token_id)
+        decision = rc.decision_in(conn, token.token_id)
         if decision is not None:
             raise ControlError(
                 "already_resolved",
@@ -277,17 +277,17 @@ class Approvals:
         grant_id: str | None = None
         if action == "approve":
             assert scope is not None
-            grant_id = st.new_id("grant")
-            st.insert_grant_in(
+            grant_id = rc.new_id("grant")
+            rc.insert_grant_in(
                 conn,
-                st.GrantRow(
+                rc.GrantRow(
                     grant_id, token.token_id, token.kind, scope, token.flow_id, token.digest, token.envelope,
                     principal, now, run_id=token.run_id,
                 ),
             )  # fmt: skip
-        decision = st.insert_decision_in(
+        decision = rc.insert_decision_in(
             conn,
-            st.DecisionRow(token.token_id, "approved" if action == "approve" else "denied", principal, now, scope,
+            rc.DecisionRow(token.token_id, "approved" if action == "approve" else "denied", principal, now, scope,
                            grant_id),
         )  # fmt: skip
         payload: dict[str, Any] = {
@@ -306,11 +306,11 @@ class Approvals:
             self._resume_in(conn, token, decision)
         return token, decision
 
-    def _token_for(self, conn: Connection, target: Target) -> st.TokenRow:
+    def _token_for(self, conn: Connection, target: Target) -> rc.TokenRow:
         if isinstance(target, PlanTarget):
-            token = st.plan_token_in(conn, target.plan_id)
+            token = rc.plan_token_in(conn, target.plan_id)
             if token is None:
-                card = st.card_in(conn, target.plan_id)
+                card = rc.card_in(conn, target.plan_id)
                 raise ControlError(
                     "plan_not_found",
                     f"plan {target.plan_id!r} "
@@ -319,7 +319,7 @@ class Approvals:
                     plan_id=target.plan_id,
                 )  # fmt: skip
             return token
-        token = st.node_token_in(conn, target.run_id, target.request_id)
+        token = rc.node_token_in(conn, target.run_id, target.request_id)
         if token is None:
             raise ControlError(
                 "plan_not_found",
@@ -330,12 +330,12 @@ class Approvals:
             )
         return token
 
-    def _resume_in(self, conn: Connection, token: st.TokenRow, decision: st.DecisionRow) -> None:
+    def _resume_in(self, conn: Connection, token: rc.TokenRow, decision: rc.DecisionRow) -> None:
         run_id = str(token.run_id)
         row = run_row_in(conn, run_id)
         if row is None or row.status in TERMINAL_STATUSES:
             return
-        st.insert_resume_in(conn, run_id, decision)
+        rc.insert_resume_in(conn, run_id, decision)
         woken = False
         parked_here = row.wait_token_digest in (None, sha256_hex(token.token_id.encode("utf-8")))
         if row.status == "suspended" and row.waiting_reason == WAITING_APPROVAL_REASON and parked_here:
@@ -353,7 +353,7 @@ class Approvals:
         )
 
 
-def _node_target(token: st.TokenRow) -> NodeTarget:
+def _node_target(token: rc.TokenRow) -> NodeTarget:
     return NodeTarget(str(token.run_id), str(token.request_id), token.digest, token.envelope)
 
 

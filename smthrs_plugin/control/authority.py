@@ -1,6 +1,6 @@
 """Who may decide what: approval targets (a plan card, a node request) and the approval authority.
 
-Invariants (seeds/001 "Who may decide")
+Invariants
 - An approval payload identifies the request; it is not permission to decide it. Authentication supplies a
   trusted :class:`~.identity.Principal`; an :class:`ApprovalAuthority` supplies the independent host policy. The
   control plane asks it before any target read or receipt replay, and again inside the resolving transaction.
@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, Union
 
+from .._control_cards import GRANT_SCOPES, Envelope
 from ..errors import ControlError, SmthrsError
-from ._cards import GRANT_SCOPES, Envelope
 from .identity import JSON, LOCAL_OPERATOR, Principal, check_text, decode_input, refuse
 
 __all__ = [

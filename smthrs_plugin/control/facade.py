@@ -2,15 +2,19 @@
 ``show``.
 
 Every mutation crosses the identity boundary first (``identity.Mutation``: copy, decode, bound, durable key,
-fingerprint) and answers a receipt (``receipts.py``); ``plan`` answers a :class:`~.cards.PlanCard`.
+fingerprint) and answers a receipt (``receipts.py``); ``plan`` answers a :class:`~smthrs_plugin._control_cards.PlanCard`.
+Its statements on the control records are :mod:`smthrs_plugin.records.control`'s (their one owner). Other packages
+read the control plane only through the read methods here (``review_card``, ``undecided_cards``,
+``last_approved_card``, ``plan_state``, ``runs_awaiting_approval``, ``node_requests``, ``run_row``, ``show``,
+``list``), never through ``Control.db``.
 
-Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval")
+Invariants
 - **Receipts.** Only ``Accepted`` is recorded, with the mutation, in its one transaction. A same-key retry with
   the same fingerprint answers ``AlreadyApplied`` (same receipt and run); another fingerprint ``Conflict``.
   ``Parked`` is never recorded (the key stays unspent for the launch after approval). ``cancel`` never replays
   (it reads the run and answers what is true now); ``resume`` and decisions on a node target read the run's
   terminality BEFORE the replay (``Terminal``).
-- **Plans** (``planning.py``): ``plan`` stores the compiled plan, the card, its approval token (``approval:
+- **Plans** (``_planning.py``): ``plan`` stores the compiled plan, the card, its approval token (``approval:
   required`` = the card's deploy-class flag) and ``control.plan.created`` in one transaction; idempotent per
   content (the current card of a digest is answered again until it is denied or its ``once`` grant is spent). Any
   change of the plan (a node's command, an input, the envelope) changes the digest: a new card, a new review.
@@ -18,7 +22,7 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
   launcher is called; a refused launch records the run failed and keeps the receipt; a same-key retry of an
   admitted run re-launches it when nobody drives it (an orphaned admission once its claim lapses or the liveness
   check proves the admitter dead; a released run; a run woken by a decision) and answers ``AlreadyApplied``.
-- **Run lifecycle entries** (seeds/001 "What the plane writes", "Versioned lifecycle ... contract"):
+- **Run lifecycle entries**:
   ``control.run.accepted`` (the ``created`` baseline), then ``control.run.pending`` in the same admission
   transaction when no launcher takes the launch; ``control.run.running`` / ``completed`` / ``failed`` /
   ``cancelled`` commit with the run driver's activation and settlement (``engine.facts.control_running_in`` /
@@ -40,13 +44,21 @@ Invariants (seeds/001 "Receipts and idempotency", "Gate work behind an approval"
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy.engine import Connection
 
 from .._clock import SYSTEM_CLOCK, Clock
+from .._control_cards import (
+    DEFAULT_SCOPE,
+    Envelope,
+    PlanApproval,
+    PlanCard,
+    check_envelope,
+    check_plan_digest,
+)
 from ..canonical import canonical_bytes, sha256_hex
 from ..engine.cancellation import cancel_run
 from ..engine.context import DEFAULT_BUS
@@ -56,24 +68,24 @@ from ..engine.waits.flow_waits import HostWake, HostWaker, tell_host
 from ..errors import ControlError, StoreError, passing_fault
 from ..observe.catalog import RunFilters, RunPage, list_runs
 from ..plan import Plan
+from ..records import control as rc
 from ..records.journal import Journal
-from ..records.runs import BASELINE_CREATED, TERMINAL_STATUSES, OwnerId, RunStore, bump_run, current_owner
+from ..records.runs import (
+    BASELINE_CREATED,
+    TERMINAL_STATUSES,
+    OwnerId,
+    RunRow,
+    RunStore,
+    bump_run,
+    current_owner,
+)
 from ..records.wait_rows import Existing
 from ..records.waits import WaitStore
 from ..scheduler.plans import PlanStore
 from ..settings import Settings, load_settings
 from ..stores.database import Database
 from . import _planning as planning
-from . import _store as st
 from . import launch as ln
-from ._cards import (
-    DEFAULT_SCOPE,
-    Envelope,
-    PlanApproval,
-    PlanCard,
-    check_envelope,
-    check_plan_digest,
-)
 from .approvals import WAITING_APPROVAL_REASON, Approvals, check_scope, state_of
 from .authority import AuthorityRequest, NodeTarget, PlanTarget, Target, target_from_json
 from .identity import JSON, LOCAL_OPERATOR, Mutation, Principal
@@ -86,10 +98,12 @@ Launch = ln.Launch
 AdmittedRun = ln.AdmittedRun
 Launcher = ln.Launcher
 
+_AWAITING_APPROVAL = RunFilters(status="suspended", waiting_reason=WAITING_APPROVAL_REASON)
+
 
 @dataclass(frozen=True)
 class _Replay:
-    row: st.ReceiptRow
+    row: rc.ReceiptRow
 
 
 class Control:
@@ -147,11 +161,11 @@ class Control:
         ``renew=False`` it is answered as is — the launch path (``smthrs run PLAN.yaml``), so a CI retry of a denied
         plan refuses (``plan_denied``) instead of quietly asking again."""
         plan, probe = planning.probe_card(plan, input, envelope, approval)
-        token_id = st.new_id("tok")
+        token_id = rc.new_id("tok")
 
         def fn(conn: Connection) -> PlanCard:
             self.plans.record_in(conn, plan)
-            current = st.current_card_in(conn, probe.digest)
+            current = rc.current_card_in(conn, probe.digest)
             if current is not None and (not renew or not planning.retired_in(conn, current)):
                 return current.card
             seq = 0 if current is None else current.seq + 1
@@ -168,7 +182,7 @@ class Control:
 
     def card(self, plan_id: str) -> PlanCard:
         """The stored card ``plan_id`` (``plan_not_found`` otherwise)."""
-        row = self.db.read(lambda c: st.card_in(c, plan_id))
+        row = self.db.read(lambda c: rc.card_in(c, plan_id))
         if row is None:
             raise ControlError(
                 "plan_not_found",
@@ -190,10 +204,10 @@ class Control:
         admitted (``pending``): a later same-key call with a launcher drives it."""
         target = Launch.of(launch) if isinstance(launch, PlanCard) else launch
         m = Mutation("run", idempotency_key, target.fingerprint_body(), principal)
-        replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
+        replay = self.db.read(lambda c: rc.receipt_in(c, m.durable_key))
         if replay is not None:
             return self._replayed(m, replay, launcher)
-        card = self.db.read(lambda c: st.card_in(c, target.plan_id))
+        card = self.db.read(lambda c: rc.card_in(c, target.plan_id))
         if card is None:
             raise ControlError(
                 "plan_not_found",
@@ -202,11 +216,11 @@ class Control:
             )
         check_plan_digest(card.card.digest, target.digest)
         check_envelope(card.card.envelope, target.envelope)
-        run_id = f"{card.plan_name[:64]}-{st.new_id('r')[2:14]}"
-        ids = (st.new_id("rcpt"), st.new_id("claim"))
+        run_id = f"{card.plan_name[:64]}-{rc.new_id('r')[2:14]}"
+        ids = (rc.new_id("rcpt"), rc.new_id("claim"))
 
         def fn(conn: Connection) -> Receipt | _Replay:
-            again = st.receipt_in(conn, m.durable_key)
+            again = rc.receipt_in(conn, m.durable_key)
             if again is not None:
                 return _Replay(again)  # a concurrent same-key call admitted it first
             gate = self._gate_in(conn, card)
@@ -221,17 +235,17 @@ class Control:
             self._launch(run_id, launcher)
         return out
 
-    def _gate_in(self, conn: Connection, card: st.CardRow) -> tuple[str | None, str | None] | Parked:
+    def _gate_in(self, conn: Connection, card: rc.CardRow) -> tuple[str | None, str | None] | Parked:
         """``(token id, grant id)`` when the card may launch now; ``Parked`` while its approval is undecided (or
         its ``once`` grant is spent: a fresh card is minted to review); ``plan_denied`` after a denial."""
         if not card.gated:
             return (None, None)
-        token = st.plan_token_in(conn, card.plan_id)
+        token = rc.plan_token_in(conn, card.plan_id)
         if token is None:
             raise ControlError(
                 "plan_not_found", f"plan card {card.plan_id!r} lost its approval token; plan again"
             )
-        decision = st.decision_in(conn, token.token_id)
+        decision = rc.decision_in(conn, token.token_id)
         if decision is None:
             return Parked(card.plan_id)
         if decision.decision == "denied":
@@ -242,15 +256,15 @@ class Control:
                 plan_id=card.plan_id,
             )
         grant_id = decision.via_grant_id or decision.grant_id
-        grant = st.grant_in(conn, grant_id) if grant_id else None
+        grant = rc.grant_in(conn, grant_id) if grant_id else None
         if grant is not None and grant.scope == "once" and grant.used_at_ms is not None:
             # Spent: the content needs a new review. Mint the successor card unless one exists already.
-            current = st.current_card_in(conn, card.card.digest)
+            current = rc.current_card_in(conn, card.card.digest)
             assert current is not None
             if current.seq > card.seq:
                 return Parked(current.plan_id)
             fresh = self._mint_in(
-                conn, card.card, card.plan_name, card.seq + 1, st.new_id("tok"), LOCAL_OPERATOR
+                conn, card.card, card.plan_name, card.seq + 1, rc.new_id("tok"), LOCAL_OPERATOR
             )
             return Parked(fresh.plan_id)
         return (token.token_id, grant_id)
@@ -259,7 +273,7 @@ class Control:
         self,
         conn: Connection,
         m: Mutation,
-        card: st.CardRow,
+        card: rc.CardRow,
         run_id: str,
         ids: tuple[str, str],
         gate: tuple[str | None, str | None],
@@ -270,12 +284,12 @@ class Control:
         token_id, grant_id = gate
         now = self.clock.now_ms()
         if grant_id is not None:
-            grant = st.grant_in(conn, grant_id)
+            grant = rc.grant_in(conn, grant_id)
             # _gate_in read the grant unused in this same serialized transaction: the compare-and-set cannot lose.
             if (
                 grant is not None
                 and grant.scope == "once"
-                and not st.use_grant_in(conn, grant_id, run_id, now)
+                and not rc.use_grant_in(conn, grant_id, run_id, now)
             ):
                 raise StoreError(
                     "store_failed", f"internal: the once-grant {grant_id!r} changed inside its transaction"
@@ -283,13 +297,13 @@ class Control:
         self.runs.create(run_id, card.card.flow_id)
         bump_run(conn, self.db, run_id, ln.claim_holder(self.owner, claim_token, now))
         assert m.principal is not None
-        st.insert_admission_in(
+        rc.insert_admission_in(
             conn,
-            st.AdmissionRow(run_id, card.plan_id, card.card.digest, m.durable_key, m.principal, now, token_id,
+            rc.AdmissionRow(run_id, card.plan_id, card.card.digest, m.durable_key, m.principal, now, token_id,
                             grant_id),
         )  # fmt: skip
         receipt = Accepted(receipt_id, run_id)
-        st.insert_receipt_in(conn, m.durable_key, m.operation, m.fingerprint, receipt, now)
+        rc.insert_receipt_in(conn, m.durable_key, m.operation, m.fingerprint, receipt, now)
         append_control_lifecycle_in(
             conn,
             self.journal,
@@ -307,7 +321,7 @@ class Control:
             )  # fmt: skip
         return receipt
 
-    def _replayed(self, m: Mutation, row: st.ReceiptRow, launcher: Launcher | None) -> Receipt:
+    def _replayed(self, m: Mutation, row: rc.ReceiptRow, launcher: Launcher | None) -> Receipt:
         answer = decide_replay(row.fingerprint, m.fingerprint, row.receipt, operation=m.operation)
         if isinstance(answer, AlreadyApplied) and answer.run_id is not None and launcher is not None:
             self._relaunch(answer.run_id, launcher)
@@ -319,8 +333,8 @@ class Control:
         not admit)."""
 
         def fn(conn: Connection) -> AdmittedRun:
-            adm = st.admission_in(conn, run_id)
-            card = None if adm is None else st.card_in(conn, adm.plan_id)
+            adm = rc.admission_in(conn, run_id)
+            card = None if adm is None else rc.card_in(conn, adm.plan_id)
             if adm is None or card is None:
                 raise ControlError(
                     "run_not_found", f"run {run_id!r} was not admitted by the control plane", run_id=run_id
@@ -352,14 +366,14 @@ class Control:
             )
             if refused:
                 return
-            row = self.db.read(lambda c: ln.run_row_in(c, run_id))
+            row = self.run_row(run_id)
             if row is not None and row.status == "cancelled":
                 return  # cancelled between admission and activation: nothing was refused, nothing to report
             raise  # the run was activated: its failure belongs to its own lifecycle, which recorded it
 
     def _relaunch(self, run_id: str, launcher: Launcher) -> None:
         """Drive an admitted run again when nobody does (see the module invariants); otherwise leave it."""
-        row = self.db.read(lambda c: ln.run_row_in(c, run_id))
+        row = self.run_row(run_id)
         if row is None or row.status in TERMINAL_STATUSES:
             return
         if row.status == "suspended":
@@ -496,15 +510,15 @@ class Control:
             settled = self._terminal(tgt.run_id)
             if settled is not None:
                 return settled
-        replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
+        replay = self.db.read(lambda c: rc.receipt_in(c, m.durable_key))
         if replay is not None:
             return self._told(
                 tgt, decide_replay(replay.fingerprint, m.fingerprint, replay.receipt, operation=action)
             )
-        receipt_id = st.new_id("rcpt")
+        receipt_id = rc.new_id("rcpt")
 
         def fn(conn: Connection) -> Receipt | _Replay:
-            again = st.receipt_in(conn, m.durable_key)
+            again = rc.receipt_in(conn, m.durable_key)
             if again is not None:
                 return _Replay(again)
             if isinstance(tgt, NodeTarget):
@@ -514,10 +528,10 @@ class Control:
             token, decision = self.approvals.decide_in(conn, action, tgt, principal, scope)
             decided.append((token, decision))
             receipt = Accepted(receipt_id, token.run_id)
-            st.insert_receipt_in(conn, m.durable_key, action, m.fingerprint, receipt, self.clock.now_ms())
+            rc.insert_receipt_in(conn, m.durable_key, action, m.fingerprint, receipt, self.clock.now_ms())
             return receipt
 
-        decided: list[tuple[st.TokenRow, st.DecisionRow]] = []
+        decided: list[tuple[rc.TokenRow, rc.DecisionRow]] = []
         out = self.db.write(fn)
         if isinstance(out, _Replay):
             return self._told(
@@ -541,14 +555,14 @@ class Control:
         return receipt
 
     def _terminal(self, run_id: str) -> Terminal | None:
-        row = self.db.read(lambda c: ln.run_row_in(c, run_id))
+        row = self.run_row(run_id)
         if row is None:
             raise ControlError("run_not_found", f"run {run_id!r} does not exist", run_id=run_id)
         return Terminal(run_id, row.status) if row.status in TERMINAL_STATUSES else None
 
     def pending_requests(self, run_id: str) -> list[NodeTarget]:
         """The node requests of ``run_id`` still waiting for a decision, in registration order."""
-        tokens = self.db.read(lambda c: st.run_tokens_in(c, run_id))
+        tokens = self.node_requests(run_id)
         return [NodeTarget(run_id, str(t.request_id), t.digest, t.envelope) for t, d in tokens if d is None]
 
     # -- cancel / resume ---------------------------------------------------------------------------------------------
@@ -610,22 +624,22 @@ class Control:
         settled = self._terminal(run_id)
         if settled is not None:
             return settled
-        replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
+        replay = self.db.read(lambda c: rc.receipt_in(c, m.durable_key))
         if replay is not None:
             return self._replayed(m, replay, launcher)
-        receipt_id = st.new_id("rcpt")
+        receipt_id = rc.new_id("rcpt")
         assert m.principal is not None
         actor = m.principal
 
         def fn(conn: Connection) -> Receipt | _Replay:
-            again = st.receipt_in(conn, m.durable_key)
+            again = rc.receipt_in(conn, m.durable_key)
             if again is not None:
                 return _Replay(again)
             row = ln.run_row_in(conn, run_id)
             assert row is not None
             if row.status in TERMINAL_STATUSES:
                 return Terminal(run_id, row.status)
-            adm = st.admission_in(conn, run_id)
+            adm = rc.admission_in(conn, run_id)
             if adm is None and launcher is not None:
                 # Refused before anything is written: this plane cannot drive what it did not launch.
                 raise ControlError(
@@ -639,7 +653,7 @@ class Control:
             if row.status == "suspended" and row.waiting_reason == WAITING_APPROVAL_REASON:
                 return Parked(adm.plan_id if adm is not None else run_id)
             receipt = Accepted(receipt_id, run_id)
-            st.insert_receipt_in(conn, m.durable_key, "resume", m.fingerprint, receipt, self.clock.now_ms())
+            rc.insert_receipt_in(conn, m.durable_key, "resume", m.fingerprint, receipt, self.clock.now_ms())
             payload: dict[str, Any] = {"principal": dict(actor.to_json()), "receiptId": receipt_id}
             if reason is not None:
                 payload["reason"] = reason
@@ -679,15 +693,15 @@ class Control:
         assert m.principal is not None and type(m.input) is dict
         actor = m.principal
         decoded = m.input["value"]  # the bounded copy: the caller's object is never read again
-        replay = self.db.read(lambda c: st.receipt_in(c, m.durable_key))
+        replay = self.db.read(lambda c: rc.receipt_in(c, m.durable_key))
         if replay is not None:
             return self._signalled(
                 run_id, decide_replay(replay.fingerprint, m.fingerprint, replay.receipt, operation="signal")
             )
-        receipt_id = st.new_id("rcpt")
+        receipt_id = rc.new_id("rcpt")
 
         def fn(conn: Connection) -> Receipt | _Replay:
-            again = st.receipt_in(conn, m.durable_key)
+            again = rc.receipt_in(conn, m.durable_key)
             if again is not None:
                 return _Replay(again)
             row = ln.run_row_in(conn, run_id)
@@ -721,7 +735,7 @@ class Control:
             # After the delivery record, in the same transaction: a parked run cannot miss its answer.
             self.waits.wake_for_deferred(run_id, name)
             receipt = Accepted(receipt_id, run_id)
-            st.insert_receipt_in(conn, m.durable_key, "signal", m.fingerprint, receipt, self.clock.now_ms())
+            rc.insert_receipt_in(conn, m.durable_key, "signal", m.fingerprint, receipt, self.clock.now_ms())
             return receipt
 
         out = self.db.write(fn)
@@ -757,14 +771,61 @@ class Control:
         """A page of runs in creation order (the run catalog, ``observe.catalog.list_runs``)."""
         return list_runs(self.db, RunFilters(status=status, flow=flow), cursor=cursor, limit=limit)
 
+    def run_row(self, run_id: str) -> RunRow | None:
+        """The row of run ``run_id`` as stored now (status, waiting reason, owner and lease, claim), or None."""
+        return self.db.read(lambda c: ln.run_row_in(c, run_id))
+
+    def node_requests(self, run_id: str) -> Sequence[tuple[rc.TokenRow, rc.DecisionRow | None]]:
+        """Every node approval request of ``run_id`` with its decision (None while undecided), in registration
+        order."""
+        return self.db.read(lambda c: rc.run_tokens_in(c, run_id))
+
+    def runs_awaiting_approval(self, *, cursor: str | None = None, limit: int = 100) -> RunPage:
+        """A page of the runs parked ``waiting-approval`` (suspended until a node request is decided), in creation
+        order."""
+        return list_runs(self.db, _AWAITING_APPROVAL, cursor=cursor, limit=limit)
+
+    def undecided_cards(self, limit: int) -> Sequence[rc.CardRow]:
+        """Up to ``limit`` stored cards whose plan approval is required and not decided yet, oldest first."""
+        return self.db.read(lambda c: rc.undecided_plan_cards_in(c, limit))
+
+    def last_approved_card(self, plan_name: str, other_than_digest: str) -> rc.CardRow | None:
+        """The most recently approved card of the plan ``plan_name`` whose card digest is not
+        ``other_than_digest`` (what a reviewer compares a new card with), or None."""
+        return self.db.read(lambda c: rc.last_approved_card_in(c, plan_name, other_than_digest))
+
+    def review_card(self, plan_id: str) -> tuple[rc.CardRow, Plan]:
+        """The stored card ``plan_id`` and the compiled plan it pins, read together (what a reviewer is shown).
+        ``plan_not_found`` for an unknown card, or when its compiled plan is not stored."""
+
+        def fn(conn: Connection) -> tuple[rc.CardRow, Plan]:
+            row = rc.card_in(conn, plan_id)
+            if row is None:
+                raise ControlError(
+                    "plan_not_found",
+                    f"no plan card {plan_id!r}; run `smthrs plan PLAN.yaml` first",
+                    plan_id=plan_id,
+                )
+            plan = self.plans.load_in(conn, row.plan_name, row.plan_digest)
+            if plan is None:
+                raise ControlError(
+                    "plan_not_found",
+                    f"the compiled plan of card {plan_id!r} ({row.plan_name} {row.plan_digest}) is not stored; the "
+                    "stores are inconsistent — restore them from a backup",
+                    plan_id=plan_id,
+                )
+            return row, plan
+
+        return self.db.read(fn)
+
     def plan_state(self, plan_id: str) -> Any:
         """The approval state of a card: ``None`` (no approval needed), ``PendingApproval``, ``Approved`` or ``Denied``."""
 
         def fn(conn: Connection) -> Any:
-            if st.card_in(conn, plan_id) is None:
+            if rc.card_in(conn, plan_id) is None:
                 raise ControlError("plan_not_found", f"no plan card {plan_id!r}", plan_id=plan_id)
-            token = st.plan_token_in(conn, plan_id)
-            return None if token is None else state_of(token, st.decision_in(conn, token.token_id))
+            token = rc.plan_token_in(conn, plan_id)
+            return None if token is None else state_of(token, rc.decision_in(conn, token.token_id))
 
         return self.db.read(fn)
 
@@ -775,7 +836,7 @@ def _derived_key(action: str, target: Target) -> str:
 
 
 def _check_wait_name(option: str, value: object) -> None:
-    """A run id or wait name has the shape of a wait name (engine/flow_waits.py): refused here as caller input
+    """A run id or wait name has the shape of a wait name (engine/waits/flow_waits.py): refused here as caller input
     (exit 2), not later as a store argument."""
     if type(value) is not str or not 1 <= len(value) <= 1024 or "\x00" in value:
         shown = f"a str of {len(value):,} characters" if type(value) is str else f"a {type(value).__name__}"

@@ -2,7 +2,7 @@
 makes on runs nobody owns (a refused launch, a reclaimed admission, a cancellation of a parked run).
 
 Invariants
-- **Admission precedes execution** (seeds/001 "Run admission precedes execution"). The admitting transaction
+- **Admission precedes execution.** The admitting transaction
   leaves the run ``pending`` with a pending *claim* by the admitting process (the claim columns of ``runs``), so a
   live admitter keeps its run: another process's claim is refused until that claim's lease lapses
   (``Ownership``: ``stale_after_s``, exactly, no skew) AND the configured liveness check, consulted only then, does
@@ -36,12 +36,14 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
+from .._control_cards import Envelope, PlanCard
 from ..canonical import canonical_bytes
 from ..engine.drive.active_run import fault_cause
 from ..engine.facts import append_control_lifecycle_in
 from ..engine.ownership.liveness import Dead, LivenessCheck, LivenessContext
 from ..errors import SmthrsError
 from ..plan import Plan
+from ..records.control import AdmissionRow
 from ..records.journal import Journal
 from ..records.runs import (
     CLEAR_CLAIM,
@@ -56,8 +58,6 @@ from ..records.runs import (
 )
 from ..records.waits import WaitStore
 from ..stores.database import Database
-from ._cards import Envelope, PlanCard
-from ._store import AdmissionRow
 from .identity import JSON, check_text
 
 __all__ = [
@@ -158,7 +158,7 @@ def judge_claim(
         skew_allowance_ms=skew_allowance_ms,
     )
     if not ctx.lease_expired:
-        return None  # seed 004: liveness is consulted only once the claim's lease (30 s, no skew) expired
+        return None  # liveness is consulted only once the claim's lease (30 s, no skew) expired
     verdict = liveness.check(row.claim, ctx)
     return verdict.evidence if isinstance(verdict, Dead) else None
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..records import control as rc
 from ..records.runs import record_in
-from . import _store as st
 from .identity import JSON
 
 __all__ = ["RunView", "RequestView", "view_in"]
@@ -55,7 +55,7 @@ class RunView:
     flow: str
     status: str
     waiting_reason: str | None
-    admission: st.AdmissionRow | None
+    admission: rc.AdmissionRow | None
     requests: tuple[RequestView, ...]
     error: Any = None
 
@@ -87,7 +87,7 @@ def view_in(conn: Connection, run_id: str) -> RunView | None:
     if rec is None:
         return None
     requests = []
-    for token, decision in st.run_tokens_in(conn, run_id):
+    for token, decision in rc.run_tokens_in(conn, run_id):
         requests.append(
             RequestView(
                 request_id=str(token.request_id),
@@ -105,7 +105,7 @@ def view_in(conn: Connection, run_id: str) -> RunView | None:
         flow=rec.flow,
         status=rec.status,
         waiting_reason=None if rec.waiting is None else rec.waiting.reason,
-        admission=st.admission_in(conn, run_id),
+        admission=rc.admission_in(conn, run_id),
         requests=tuple(requests),
         error=rec.error,
     )

@@ -14,8 +14,8 @@ Invariants:
   parked run is cancelled by a driver's cancel sweep; a terminal write racing the request settles ``cancelled``
   (``RunStore.finish``).
 
-Prior art: the reference's lineage cancellation (seed 004, "The run DAG"; execution facts: "Descendant and
-inherited requests use the same producer").
+Prior art: the reference's lineage cancellation over the run DAG (descendant and inherited
+requests use the same producer).
 """
 
 from __future__ import annotations

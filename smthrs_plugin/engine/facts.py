@@ -1,46 +1,14 @@
 """Lifecycle observations ("execution facts"): what a run looked like right after a lifecycle transition.
 
-Invariant: every lifecycle transition of a run (create, activate/resume, park, wake, release, settle) journals its
-record in the run's partition IN THE SAME TRANSACTION as the row change, and that record carries ``fact =
-{version: 1, baseline, observation: {...}}`` read from the row on the transaction's own connection after the
-change. So the journal alone replays the semantic run view, and a rolled-back transition leaves no fact behind.
-
-The execution fact itself (its columns, observation and ``fact_of``) is owned by the runs owner
-(``records._runs``; import it from there); this module adds the control plane's lifecycle facts (the admission
-state they depend on is read through the control records' owner, ``records._control``).
-
-``baseline`` names where the run's unbroken fact stream starts: ``created`` (its creation fact) or ``legacy`` (a
-later complete fact, for a run whose earlier history carries no facts; a fold then claims nothing about the
-missing prefix). An execution fact is always ``created``: the only writer of a run row
-(``RunStore.create``) journals the creation fact in the row's own transaction, and journal records are never
-deleted, so every run's stream provably starts at its creation.
-
-The observation holds the semantic fields only (run id, flow, status, creation/start/finish times, effective
-parent, lineage and round, the actual cancellation-request time, the waiting reason/deadline/token digest);
-ownership, claims and heartbeats stay operational store state (a heartbeat never produces a fact). A row that
-cannot encode a valid observation records ``{version: 1, unavailable: "invalid-observation"}``: the marker never
-invents the missing facts (and carries no baseline: it never establishes coverage).
-
-Control lifecycle facts (the control plane's versioned producer contract): the control plane's own run entries
-(``control.run.accepted``, ``pending``, ``running``, ``completed``, ``failed``, ``cancelled``, ``cancel-requested``,
-``resume``, ``reclaimed``) add ``{factVersion: 1, baseline, run}`` to their payload, committed in the transaction of
-the row change they describe. ``run`` is the run's SUMMARY in the control plane's own vocabulary, which differs
-from the engine observation above on purpose (a control consumer decodes control names): camelCase members
-``runId``, ``flowId``, ``status``, ``createdAt``, ``updatedAt`` (epoch ms), ``planId``/``planDigest`` (the admitted
-card) and ``ownerId`` (``host/pid/nonce``, only while an owner holds the run) — each optional member absent when it
-does not apply, never null — plus the observation's remaining fields, ``startedAt``, ``finishedAt``,
-``parentRunId``, ``lineageId``, ``roundOrdinal``, ``cancelRequestedAt`` and ``waiting`` (``{reason, wakeAtMs,
-tokenDigest}`` or null). Its ``status`` is a control status (:data:`SUMMARY_STATUSES`): ``accepted`` (admitted, not
-yet driven: the engine's ``pending``), ``running``, ``waiting-approval`` (suspended on a node approval),
-``parked`` (suspended on anything else), ``completed``, ``failed``, ``cancelled``. ``control.run.accepted`` starts the
-``created`` baseline and is journaled at the fixed address ``(run, ACCEPTED_SOURCE, 0)``; a later lifecycle fact
-of a run admitted before that address existed (an older producer) says ``legacy``. The entries the run driver's
-transitions cause (``running`` on activation, ``completed``/``failed``/``cancelled`` on settlement) are written
-only for a run the control plane admitted (it has a ``control_runs`` row): :func:`control_running_in`,
-:func:`control_settled_in`.
-
-Prior art: the reference engine's native lifecycle observations (``executionFact``) and its control plane's
-``ControlFacts`` / ``RunSummary``, the transactional outbox pattern.
+Invariants
+- Every lifecycle transition (create, activate/resume, park, wake, release, settle) journals its record IN THE
+  SAME TRANSACTION as the row change, carrying ``fact = {version: 1, baseline, observation}`` read after the
+  change on that connection: the journal alone replays the semantic run view.
+- The execution fact itself is the runs owner's (``records.runs``: ``fact_of``); this module adds the control
+  plane's lifecycle facts, reading admission state through ``records.control``.
+- Control run entries (``control.run.*``) add ``{factVersion: 1, baseline, run}``, ``run`` being the control
+  plane's camelCase run summary; they are written only for a run the control plane admitted
+  (:func:`control_running_in`, :func:`control_settled_in`). The shapes are in docs/rules.md ("Lifecycle facts").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Invariants:
   waiting reason ``released`` and no owner, so the runs are claimable at once (no stale-window wait), each with
   an ``interrupt-released {cause: "recovery-fence"}`` journal record.
 
-Prior art: the reference's ``DisasterRecovery`` (seed 004: "Restoring a backup resets the fence"), SQLite's
+Prior art: the reference's ``DisasterRecovery`` (restoring a backup resets the fence), SQLite's
 backup API, write-the-manifest-last from git's packfile/index writing.
 """
 

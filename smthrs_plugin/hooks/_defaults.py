@@ -4,7 +4,7 @@ answers a ``firstresult`` hook overrides them.
 - reconciler: :class:`~smthrs_plugin.scheduler.reconcile.DefaultReconciler` (Reorder / FactorOut / Fail);
 - liveness: :class:`~smthrs_plugin.engine.ownership.liveness.LeaseLiveness` (the only evidence every host has);
 - approval authority: ``control.authority.DEFAULT_AUTHORITY`` — only principal ``local/operator`` may decide
-  (seeds/001 "Who may decide"; delegations are ``control.authority.DelegatedAuthority``).
+  (the reference's "who may decide" rule; delegations are ``control.authority.DelegatedAuthority``).
 
 No run waker is built in (``smthrs_run_waker``): a run no plugin's host continues on its own is continued by a
 ``smthrs worker`` or a resume, which read the durable wake themselves.

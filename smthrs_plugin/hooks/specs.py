@@ -115,7 +115,7 @@ AuthorityVerdict = _control_authority.AuthorityVerdict
 
 @runtime_checkable
 class ApprovalAuthority(Protocol):
-    """Decides who may approve or deny (seeds/001 "Who may decide"). ``action`` is ``"approve"`` or ``"deny"``;
+    """Decides who may approve or deny. ``action`` is ``"approve"`` or ``"deny"``;
     ``target`` is a plan id or ``"<run id>/<request>"`` for a node gate. The control plane calls it before it
     resolves a token, and again inside the resolving transaction."""
 

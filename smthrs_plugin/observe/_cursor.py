@@ -14,7 +14,7 @@ Invariants:
 - Cursor input is bounded (65,536 characters) before any decoding work; every number it decodes to is an int in
   ``0 <= n < 2**63`` (``invalid_cursor`` otherwise: a forged ``at = 2**70`` never reaches the database).
 
-Prior art: the seed's version-1 catalog cursor (observe-executions, "Filter before pagination"); Relay-style
+Prior art: the reference's version-1 catalog cursor (filter before pagination); Relay-style
 opaque cursors.
 """
 

@@ -2,51 +2,18 @@
 
 Invariants:
 
-- **Filters in SQL, before the limit.** The statement is the runs owner's (``records.runs.catalog_query``); this
-  module binds it to filters and cursors. status, flow, effective parent (``None`` selects runs without one),
-  lineage, waiting reason (``None`` selects runs with no stored wait), created after/before (inclusive). Omitted
-  filters are unconstrained (:data:`ANY` marks "omitted" where ``None`` is a meaningful value).
-- **Order** ``(created_at_ms, run_id)`` ascending (both immutable), ties by run id in the database's binary
-  order (SQLite ``BINARY``; PostgreSQL in its collation — ``C``/``C.UTF-8`` clusters are binary). Pages are keyset
-  pages: a page is ``limit + 1`` rows after the cursor's key, so no numeric offset exists to drift.
-- **Cursors** are versioned and opaque (``observe/_cursor.py``), bound to the canonical filter tuple and the
-  database's source identity: a changed filter or an edited cursor is ``invalid_cursor``, another database's cursor
-  ``source_changed``; the limit may change between pages. Limit 1..200, default 100 (``invalid_options``).
-- **Coherence.** Each page is read in one read transaction and carries that transaction's source and revision.
-  Successive pages are live reads: a run created after the last key can appear, one before it is not revisited.
-  Every run that existed when paging started and still matches is seen exactly once, in order.
-
-Indexes (migration ``0004_run_catalog``, ``stores/catalog_indexes.py``) — why 6 and not the seed's 32 subsets:
-each equality predicate P has an index ``(P, created_at_ms, run_id)`` (plus ``(status, flow, ...)`` for the pair
-the CLI exposes, and the existing ``(created_at_ms, run_id)`` for unfiltered and time-window pages). A query with
-any filters walks ONE of these in order from the cursor's key (a row-value seek), checks the remaining predicates
-on the rows it visits and stops at ``limit + 1`` matches: no plan sorts the run history. The price of fewer
-indexes is visiting non-matching rows of the chosen predicate for rare combinations (bounded by that predicate's
-matches, never a sort); the price of 32 would be write amplification on every run mutation (heartbeats rewrite
-the row). The effective-parent filter reads its candidates from ``parent_run_id`` and from that parent's spawn
-edges, so its only sort is over that parent's direct children. EXPLAIN on 20,000 runs (ANALYZEd), first page and
-a page after a cursor (``tests/observe/test_observe_catalog_plans.py`` re-checks all 32 subsets on both)::
-
-    SQLite 3.40   status=?              SEARCH runs USING INDEX ix_runs_status_created_at_ms_run_id
-                                          (status=? AND (created_at_ms,run_id)>(?,?))
-                  status=? flow=?       SEARCH runs USING INDEX ix_runs_status_flow_created_at_ms_run_id (...)
-                  waiting_reason IS NULL / parent IS NULL / lineage=? / flow=?: the same shape on their index
-                  status+waiting+lineage: SEARCH ... ix_runs_lineage_id_created_at_ms_run_id (lineage_id=? ...)
-                  no filter             SEARCH runs USING INDEX ix_runs_created_at_ms_run_id ((created_at_ms,run_id)>(?,?))
-                  parent=?              SEARCH runs USING INDEX sqlite_autoindex_runs_1 (run_id=?) / LIST SUBQUERY
-                                          (ix_runs_parent_run_id_... UNION ix_run_parents_parent_id_seq)
-                                          / USE TEMP B-TREE FOR ORDER BY   <- the parent's candidates only
-    PostgreSQL 15 status=? flow=?       Limit -> Index Scan using ix_runs_status_flow_created_at_ms_run_id
-                                          Index Cond: ((status = ..) AND (flow = ..) AND (ROW(created_at_ms, run_id) > ROW(..)))
-                  status=? (43% of rows) Limit -> Index Scan using ix_runs_created_at_ms_run_id, Filter: status
-                                          (cost-based: a common value is cheaper to filter in creation order;
-                                          a rare one seeks ix_runs_status_created_at_ms_run_id)
-                  parent IS NULL        Limit -> Nested Loop Anti Join -> Index Scan (creation order) + pk_run_parents
-                  parent=?              Limit -> Sort -> Nested Loop (HashAggregate of the parent's candidates,
-                                          Bitmap Index Scans on ix_runs_parent_run_id_... and ix_run_parents_parent_id_seq)
-
-Prior art: the seed's ``RunCatalogRead.listRuns`` (observe-executions, "Filter before pagination"); keyset
-pagination ("use the index, Luke").
+- **Filters in SQL, before the limit** (the statement is ``records.runs.catalog_query``). Omitted filters are
+  unconstrained (:data:`ANY` marks "omitted" where ``None`` is meaningful).
+- **Order** ``(created_at_ms, run_id)`` ascending; keyset pages of ``limit + 1`` rows after the cursor's key.
+- **Cursors** are versioned and opaque (``observe/_cursor.py``), bound to the filters and the database's source:
+  a changed filter or edited cursor is ``invalid_cursor``, another database's ``source_changed``. Limit 1..200,
+  default 100.
+- **Coherence**: each page is one read transaction carrying its source and revision; every run that existed when
+  paging started and still matches is seen exactly once, in order.
+- **Indexes**: one ``(P, created_at_ms, run_id)`` per equality predicate plus ``(status, flow, ...)``
+  (``stores/catalog_indexes.py``), not one per subset of filters: fewer indexes cost visiting non-matching rows
+  of rare combinations, never a sort; 32 would amplify every run write. ``tests/observe/test_observe_catalog_plans.py``
+  checks the query plan of every subset on both backends.
 """
 
 from __future__ import annotations

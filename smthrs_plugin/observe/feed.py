@@ -19,7 +19,7 @@ Invariants:
 A consumer starting at revision 0 rebuilds the current set exactly: apply each change whose ``is_newer`` holds,
 delete on ``deleted``, and store ``next_revision`` in the same local transaction as the projection.
 
-Prior art: the seed's ``RunChangeFeed`` (observe-executions, "Catch up without losing deletions"); Kubernetes'
+Prior art: the reference's ``RunChangeFeed`` (catch up without losing deletions); Kubernetes'
 list+watch from a resourceVersion; CouchDB's ``_changes`` feed with deletion stubs.
 """
 

@@ -11,10 +11,10 @@ Invariants
   starts recording as soon as the host installs one (the API's proxy instruments).
 - Every counter carries exactly one attribute, ``outcome``, whose value is the snake case of a tag from a closed
   vocabulary (``VerifiedHit`` → ``verified_hit``); an unknown tag raises ``ValueError`` before anything is
-  recorded. ``scheduler_admissions`` and ``sandbox_conflicts`` carry no attribute, as in the seed.
+  recorded. ``scheduler_admissions`` and ``sandbox_conflicts`` carry no attribute, as the reference requires.
 - :func:`observe` records one duration (monotonic clock) and one exit outcome on success, failure and interruption
   alike, and never alters the wrapped call: the same value, the same exception object, traceback intact. This is
-  the seed's ``Effect.trackDuration`` + ``Effect.onExit`` pair.
+  the reference's ``Effect.trackDuration`` + ``Effect.onExit`` pair.
 - Listeners see each counted event; a listener that raises is logged with its traceback and never changes the
   instrumented operation's outcome (OpenTelemetry's error-handling principle: telemetry must not break the code it
   observes).

@@ -19,7 +19,7 @@ Invariants:
 - :func:`is_newer` is the one ordering rule projections use: revisions are global per database, so a delayed
   older observation never overwrites a newer one.
 
-Prior art: the seed's ``ExecutionSnapshot`` (observe-executions); Kubernetes' resourceVersion comparisons.
+Prior art: the reference's ``ExecutionSnapshot``; Kubernetes' resourceVersion comparisons.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Invariants:
   never starved behind snapshot work. An unscoped live stream keeps one integer per partition and re-discovers
   partition high-water marks on each poll (O(partitions) seeks); order is guaranteed within a partition only.
 
-Prior art: the seed's control ``watch`` (projections: "Snapshot, follow, and the handoff between them"); Kafka
+Prior art: the reference's control ``watch`` (snapshot, follow, and the handoff between them); Kafka
 consumers committing per-partition offsets; Kubernetes list-then-watch from a resourceVersion.
 """
 
@@ -60,7 +60,7 @@ __all__ = [
     "PAGE_SIZE",
 ]
 
-#: Partitions an unscoped snapshot reads at a time (the seed's eight).
+#: Partitions an unscoped snapshot reads at a time (the reference's eight).
 PARTITIONS_PER_BATCH = 8
 #: Entries per read of one partition.
 PAGE_SIZE = 500

@@ -1,6 +1,6 @@
 """RuntimeGraph: the indexed readiness state of one run of a plan. PURE, in memory, single-threaded.
 
-Invariants (seed "Drive a plan to completion")
+Invariants
 - Stable plan positions, forward and reverse edges, per-vertex ``unresolved`` (dependencies not yet settled
   successfully) and ``blocked`` (dependencies settled failed/skipped/deferred) counts, explicit ready /
   waiting / in-flight sets and a ``remaining`` count replace whole-plan readiness rescans: every settlement
@@ -18,7 +18,7 @@ Invariants (seed "Drive a plan to completion")
   it); an added generation whose dependencies form a cycle is refused before anything changes.
 - ``discover`` adds reconciliation edges (a ``Reorder`` verdict): the started node goes back to waiting until
   the named nodes settle, whatever their outcome, and then becomes ready to run again. Discovered edges change
-  ONLY readiness (seed: "declared predecessors still determine file versions"): they never block, skip or defer
+  ONLY readiness (declared predecessors still determine file versions): they never block, skip or defer
   a node, never enter ``PlanNode.depends_on``, read classification, keys or inputs, and are never persisted. An
   edge that would close a cycle (the named node waits, declared or discovered, on this one) is refused.
 - The indexes are private, never persisted and never part of a key. Work counters (``work``) count index

@@ -1,72 +1,18 @@
 """Node keys: the plan key, the sealed dispatch key, Ref projection, the run-local key and the plan digest
 document. PURE.
 
-Every document hashed here is the reference implementation's, member for member, so a key or digest computed
-here equals the one the reference computes for the same declaration (tests/plan/test_reference_goldens.py
-reproduces its pinned vectors). ``key(v) = "key1_" + sha256(RFC 8785 bytes of v)`` (``canonical.key``).
+The exact documents hashed, and the deliberate differences from the reference, are in docs/rules.md ("Keys").
+What a caller relies on:
 
-Invariants
-- The **plan key** is a pure function of a node's declaration and folds upstream plan keys (transitive
-  re-keying)::
-
-      {kind: "content",
-       body: {version, declaration, nondeterministic?, tier?, approval?, wait?},     (material_body)
-       inputs: {"0": {kind: "literal", value} | {kind: "digest", digest: <upstream plan key>,
-                                                  reference: "ref" | "pending" | "ref-projected", path?}, ...},
-       layers: sort_strings(layers),
-       capabilities: {declared: sort_strings(...), <other group>: sort_strings(...)}}
-
-  A node's id, kind (step/agent/merge), priority, conflict/runtime strategies and declared file effects are not
-  key material: they change how and when a node runs, not what it computes. They are in the plan digest, so an
-  approval still binds to them.
-- The **dispatch key** (what the cache is keyed on; sealed nodes only) has the same shape but folds NO upstream
-  plan key: a Ref contributes ``{kind: "digest", digest: key({kind: "input-value", value: project(result,
-  path)}), reference: "ref" | "ref-projected", path?}``, a Pending ``{kind: "digest", digest: "ordering-only",
-  reference: "pending"}``. It adds ``hermetic = {readSet, writeSet, removes?, boundaryMode}`` (the measured read
-  digests; the declared writes and removals as sets) and the scheduler's ``environment`` (omitted when absent —
-  omission is an identity, not a wildcard). So an upstream body edit changes the downstream plan key but not its
-  dispatch key when the projected value is unchanged: the downstream settles ``clean`` — Bazel's action key
-  over input *digests*, not over how the inputs were produced.
-- ``project`` walks object keys, and array elements by canonical index (``"0"``, ``"12"``); a missing key, an
-  index out of range or a scalar mid-path yields :data:`ABSENT`, which is dropped from the key
-  (``{"kind": "input-value"}``) and therefore distinct from JSON ``null``.
-- The **plan digest** (what an approval binds to) is ``{kind: "content", body: {kind: "plan", planId, flow},
-  inputs: {nodes: {kind: "literal", value: [{id, kind, key, dependsOn, conflicts, effects, priority}...]}},
-  layers: [], capabilities: {}}`` (:func:`plan_digest_document`; node ``effects`` as :func:`effects_json`).
-- Non-sealed tiers use :func:`run_local_key` over ``["plan-node/v1", plan_id, node_id, node_key]`` + run id:
-  replayable inside the run, never published. It is the only key a node id enters.
-- :func:`plan_key` writes the canonical text by composition (``_canon``); the generic whole-document walk
-  (``_plan_key_reference``) is its definition and the only path a refusal is raised from, so the key and every
-  refusal are byte-for-byte those of the walk (tests/plan/test_plan_canon.py, test_compile_golden.py).
+- ``key(v) = "key1_" + sha256(RFC 8785 bytes of v)`` (``canonical.key``); every document is the reference's,
+  member for member (tests/plan/test_reference_goldens.py reproduces its vectors).
+- The plan key folds the declaration and upstream plan keys; the dispatch key folds projected Ref values,
+  measured read digests, declared effects and the environment instead, never an upstream plan key. A node's id
+  enters only the run-local key (non-sealed tiers), never a plan or dispatch key.
+- :func:`plan_key` writes the canonical text by composition (``_canon``); the whole-document walk
+  (``_plan_key_reference``) is its definition and the only path a refusal is raised from.
 - Nothing is fixed up: a value without a canonical form, a missing Ref value or a malformed read set raises
-  ``SchedulerError(key_uncomputable)`` (the cause kept) instead of producing a weaker key.
-
-Deliberate differences from the reference
-Each is a declaration the reference cannot express (or refuses), so no key the reference computes differs;
-tests/plan/test_reference_goldens.py shows the case for each.
-- **Non-sealed plan nodes.** The reference refuses to key compensable/irreversible material
-  (``non_content_material``); here they are plan nodes keyed run-locally, and their plan key folds
-  ``body.tier``. Without it a node turned from sealed into irreversible would keep its plan key, and — the digest
-  carrying no tier — the plan digest too: an approval granted for the sealed plan would release the irreversible
-  one. A sealed node's body carries no ``tier``, exactly as the reference's.
-- **Approval and wait specs** (``approval=``, ``wait=``) enter ``body`` when declared; the reference has neither.
-- **``nondeterministic=False``** is folded as declared (the reference only has ``true`` or absent).
-- **Capability groups** other than ``declared`` (``capabilities={"deploy": [...]}``) are folded beside it; the
-  reference has one list, keyed as ``{declared: [...]}`` — which is what a list or ``{"declared": ...}`` gives here.
-- **The environment** may be any plain JSON and is folded as given; one in the reference's shape (``{declared,
-  layers, capabilities, runScope?}``) is normalised as the reference normalises it.
-- **Removals and effects spellings.** The reference writes ``removes`` into ``hermetic`` and node effects
-  whenever the declaration has the member, even empty; here an empty removal set is indistinguishable from none
-  and is omitted (as the reference omits an undeclared one). A glob or tree removal (the reference removes exact
-  paths only) is written as a write-set entry. Declarations are normalised where they are made, so the digest
-  sees ``"dist/"`` as the tree ``dist``, ``"src/*.py"`` as a glob, ``a\\b`` as ``a/b``, filegroups expanded and
-  an exact duplicate once, where the reference keeps the spelling declared.
-- **Projection** finds no ``length`` of an array and no inherited member (``constructor``, ``__proto__``…) of an
-  object: those are :data:`ABSENT` here, where the reference reads JavaScript runtime properties.
-- **Priorities** beyond ±(2**53-1) enter the digest as decimal strings (see ``compile.priority_json``).
-- **Run-local keys** are ``{kind: "run-local", ordinal: [...], runId}``; the reference's ordinal keys
-  (``{kind: "ordinal", runId, ordinal: <number>, tier}``) number steps of its agent runtime and are never a plan
-  node's. The two ``kind`` values keep the namespaces apart.
+  ``SchedulerError(key_uncomputable)``.
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def _capabilities(v: Any) -> dict[str, tuple[str, ...]]:
 
 
 class KeyMaterial(_PlanModel):
-    """Everything about a node that determines what it computes. ``tier`` is the seed's
+    """Everything about a node that determines what it computes. ``tier`` is the reference's
     material ``kind``: ``sealed`` work is content-addressed; ``compensable``/``irreversible`` work is keyed
     run-locally. ``nondeterministic`` is absent unless declared."""
 

@@ -1,19 +1,21 @@
-"""Hosts: where plan node executions run. The local thread pool is ``scheduler.ThreadHost`` (the default); the Prefect
-host lives in ``prefect``.
+"""The Prefect integration: ``@sp.step`` (``step.py``), durable flow runs and deployments, Prefect events, remote
+execution, and the Prefect host that runs plan nodes as task runs (``host.py``; announced to the plugin manager by
+``plugin.py`` through this distribution's ``smthrs`` entry point).
 
-Importing this package registers the run-context provider that lends a Prefect ``@flow`` body its smthrs run
-(``_flowrun.py``), so ``sp.sleep``/``sp.wait_for``/``sp.require_approval`` work there. It costs nothing outside a
-flow run and never imports Prefect itself: Prefect is consulted only once the flow's code has imported it.
+Importing this package has no side effect and never imports Prefect itself. :func:`flow_run_context` is the
+run-context provider that lends a Prefect ``@flow`` body its smthrs run, so ``sp.sleep``, ``sp.wait_for`` and
+``sp.require_approval`` work there; the package root (``smthrs_plugin/__init__.py``) registers it explicitly.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ..engine.context import RunContext, register_provider
+from ..engine.context import RunContext
 
 
-def _prefect_flow_run_context() -> RunContext | None:
+def flow_run_context() -> RunContext | None:
+    """The smthrs run of the Prefect flow run this code runs in, or None (also when Prefect was never imported)."""
     if "prefect.context" not in sys.modules:
         return None
     from ._flowrun import run_context
@@ -21,4 +23,4 @@ def _prefect_flow_run_context() -> RunContext | None:
     return run_context()
 
 
-register_provider(_prefect_flow_run_context)
+__all__ = ["flow_run_context"]

@@ -50,8 +50,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..engine.context import RunParked
-from ..engine.drive.active_run import ActiveRun
-from ..engine.ownership.arbiter import Activated, Terminal
+from ..engine.lease import Refused, RunLease, acquire, chain_on_failure
+from ..engine.ownership.arbiter import Terminal
 from ..engine.waits.flow_waits import HostNotParked, HostWake, HostWakeFailed, HostWoken
 from ..errors import FenceLost
 from ..runtime import Runtime
@@ -92,34 +92,38 @@ class Settled:
     status: str
 
 
-def claim_run(rt: Runtime, flow_run_id: str, flow: str, deployment_id: str) -> ActiveRun | Settled:
+def claim_run(rt: Runtime, flow_run_id: str, flow: str, deployment_id: str) -> RunLease | Settled:
     """Claim the smthrs run of an execution of the deployment flow run ``flow_run_id`` (see the module invariants):
     the parked (or pending, or first) run of the ``prefect-<id>`` chain, activated; ``Settled`` when it completed
     or was cancelled; ``FenceLost`` when a live owner holds it."""
     base = f"prefect-{flow_run_id}"
-    for n in range(1, _MAX_ATTEMPT_RUNS + 1):
-        run_id = base if n == 1 else f"{base}-{n}"
-        rt.runs.create(run_id, flow)
-        decision = rt.ownership.claim(run_id)
-        if isinstance(decision, Activated):
-            return ActiveRun(decision, flow, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
-        if isinstance(decision, Terminal):
-            if decision.status == "failed":
-                continue  # this execution is a retry of a failed attempt: the next run of the chain
-            return Settled(run_id, decision.status)
+    lease = acquire(
+        base,
+        flow,
+        chain_on_failure(_MAX_ATTEMPT_RUNS),
+        ownership=rt.ownership,
+        runs=rt.runs,
+        waits=rt.waits,
+    )
+    if not isinstance(lease, Refused):
+        return lease
+    if lease.exhausted:
         raise FenceLost(
             "fence_lost",
-            f"smthrs run {run_id!r} of flow run {flow_run_id} (deployment {deployment_id}) is held by another live "
-            f"owner ({type(decision).__name__}): Prefect started this flow run while another process still runs "
-            f"it, and this execution stops. If that process died, retry the flow run once its lease lapses "
-            f"({rt.settings.stale_after_s:g} s)",
-            run_id=run_id,
+            f"flow run {flow_run_id} (deployment {deployment_id}) already failed {_MAX_ATTEMPT_RUNS} smthrs runs; "
+            "start a new flow run of the deployment",
+            run_id=base,
         )
+    run_id, decision = lease.run_id, lease.decision
+    if isinstance(decision, Terminal):  # completed or cancelled: a failed one moved the chain on
+        return Settled(run_id, decision.status)
     raise FenceLost(
         "fence_lost",
-        f"flow run {flow_run_id} (deployment {deployment_id}) already failed {_MAX_ATTEMPT_RUNS} smthrs runs; start "
-        "a new flow run of the deployment",
-        run_id=base,
+        f"smthrs run {run_id!r} of flow run {flow_run_id} (deployment {deployment_id}) is held by another live "
+        f"owner ({type(decision).__name__}): Prefect started this flow run while another process still runs "
+        f"it, and this execution stops. If that process died, retry the flow run once its lease lapses "
+        f"({rt.settings.stale_after_s:g} s)",
+        run_id=run_id,
     )
 
 

@@ -1,59 +1,17 @@
-"""What smthrs tells Prefect about its work: the ``smthrs.*`` event catalogue (names, resource ids, labels,
-payloads), how and when events are sent, and the commands/links a flow run's page shows (README "Automations").
+"""What smthrs tells Prefect about its work: the ``smthrs.*`` events and the commands/links a flow run's page shows.
 
-The catalogue (payload keys are JSON; every payload also carries ``"version": 1``):
+The catalogue (names, resource ids, labels, payloads) is a contract automations match on; README "Automations"
+lists it. Invariants:
 
-================================  ===================================  ==================================================
-event                             resource (``prefect.resource.id``)   payload
-================================  ===================================  ==================================================
-``smthrs.node.<outcome>``         ``smthrs.node.<plan id>.<node id>``  ``run_id plan_id node attempt dispatch_key
-(built | clean | failed)                                               outcome cache_decision conflict error duration_ms``
-``smthrs.step.<outcome>``         ``smthrs.step.<module:qualname>``    ``run_id step node attempt dispatch_key outcome
-(built | clean | failed)                                               cache_decision tier error timings_ms``
-``smthrs.cache.refused``          ``smthrs.cache.<dispatch key>``      ``run_id subject kind dispatch_key decision reason
-                                                                       outcome``
-``smthrs.run.parked``             ``smthrs.run.<run id>``              ``run_id flow reason kind wait deadline
-                                                                       deadline_ms commands review_url``
-``smthrs.approval.requested``     ``smthrs.run.<run id>`` (a node      ``run_id plan_id flow request token_id digest
-                                  request) or ``smthrs.plan.<plan      envelope commands review_url``
-                                  id>`` (a plan card)
-``smthrs.approval.<decision>``    as for ``requested``                 ``... decision principal scope`` (the requested
-(approved | denied)                                                    keys, then who decided how)
-================================  ===================================  ==================================================
-
-A ``@step`` hit inside a Prefect task run sends no ``smthrs.step.clean``: its task run ends ``Completed`` named
-``Cached`` (the state message names the dispatch key), which is Prefect's own record of the same fact; the hit's
-``step-settled`` journal record still names the run, key, tier and task run. ``smthrs.step.clean`` is sent for a
-hit outside a task run (the body called without Prefect's task engine).
-
-Labels on the primary resource: ``prefect.resource.name`` and, where they apply, ``smthrs.run-id``,
-``smthrs.plan-id``, ``smthrs.node``, ``smthrs.step``, ``smthrs.outcome``, ``smthrs.subject``, ``smthrs.decision``,
-``smthrs.reason``, ``smthrs.wait``, ``smthrs.request``. Related resources (role): the Prefect task run
-(``task-run``) and flow run (``flow-run``) the work ran in, the smthrs run (``smthrs.run.<run id>``, role
-``smthrs-run``), an approval token (``smthrs.approval.<token id>``, role ``smthrs-approval``), and for a refused
-entry the step or node it belongs to (``smthrs-step`` / ``smthrs-node``). Inside a flow run Prefect adds its own
-run context (flow, deployment, tags).
-
-``commands`` name the exact ``smthrs`` command lines for the run (``show``, ``watch``, ``cancel``; ``approve`` and
-``deny`` for a pending request; ``signal`` for an event wait), run where ``SMTHRS_WORKSPACE``/``SMTHRS_DB_URL``
-point at the run's database. ``review_url`` is the review page of ``smthrs serve`` (``<SMTHRS_SERVE_URL>/``) when
-``SMTHRS_SERVE_URL`` is set, else null.
-
-Invariants
-- **Stable**: event names, resource id schemes, label keys and payload keys above are a contract automations match
-  on. Keys may be added (``version`` stays 1); none is renamed or removed without a new ``version``.
-- **One place**: every ``smthrs.*`` event is built by a builder here and sent by :func:`emit`; nothing else in the
-  package calls ``emit_event``.
-- **When Prefect is in use, and only then**: inside a Prefect flow or task run an event is always sent (through that
-  run's own events worker); outside one (a CLI process, ``smthrs serve``) only when a Prefect API is configured
-  (``PREFECT_API_URL``). Outside a run this module never starts Prefect's ephemeral server and, with no
-  ``PREFECT_API_URL`` in the environment and Prefect not imported yet, never imports Prefect at all: an event nobody
-  can read is not worth a 10-20 s server start in a command line tool.
-- **An event never changes an outcome**: it is sent after the durable fact it reports (the settlement, the park);
-  a failure to build or send one is logged with its traceback and the work goes on.
-- **No secrets**: payloads carry ids, digests, commands and URLs; never a database URL, a token or a credential.
-
-Prior art: CloudEvents (a stable type + source + subject per event); Prefect's own ``prefect.flow-run.*`` events.
+- **Stable**: keys may be added (every payload carries ``"version": 1``); none is renamed or removed without a
+  new ``version``.
+- **One place**: every ``smthrs.*`` event is built here and sent by :func:`emit`; nothing else calls
+  ``emit_event``.
+- **When Prefect is in use, and only then**: inside a flow or task run, always; outside one, only with
+  ``PREFECT_API_URL`` set — never starting the ephemeral server, and without it not even importing Prefect.
+- **An event never changes an outcome**: it is sent after the durable fact it reports; a failure is logged.
+- **No secrets**: ids, digests, commands and URLs only. A ``@step`` hit inside a task run sends no
+  ``smthrs.step.clean`` (its ``Cached`` state is that record).
 """
 
 from __future__ import annotations

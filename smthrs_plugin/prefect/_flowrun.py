@@ -8,7 +8,7 @@ Invariants
     park, and every execution claims the same run back (``prefect-<flow run id>``; never a fresh suffix).
   * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
     ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
-    :class:`~smthrs_plugin.engine.drive.active_run.ActiveRun` (heartbeat + cancellation poll + the run context the
+    :class:`~smthrs_plugin.engine.lease.RunLease` (heartbeat + cancellation poll + the run context the
     waits use). A process that exits before the flow run ends releases it (atexit), so nothing waits for the 30 s
     lease. If that id is already settled or held, the flow run journals into a fresh suffix and says so: steps are
     content-addressed, the run is only their journal.
@@ -78,8 +78,7 @@ from typing import Any
 
 from ..canonical import canonical_bytes
 from ..engine.context import RunContext, RunParked, RunReleased
-from ..engine.drive.active_run import ActiveRun, DriveLost, FlowCompleted, FlowFailed
-from ..engine.ownership.arbiter import Activated
+from ..engine.lease import RETRY_SUFFIX, DriveLost, FlowCompleted, FlowFailed, Refused, RunLease, acquire
 from ..engine.waits.flow_waits import HostWakeFailed
 from ..errors import CanonicalError, FenceLost, WaitError
 from ..records.journal import Journal
@@ -151,7 +150,7 @@ class _FlowRun:
     ctx: StepContext
     runtime: Runtime
     run: RunContext
-    active: ActiveRun | None  # None: a driver owns the run and concludes it
+    active: RunLease | None  # None: a driver owns the run and concludes it
     parameters_error: str | None
     deployment_id: str | None = None  # set: Prefect continues a park of this flow run (``_deployment.py``)
 
@@ -255,7 +254,7 @@ def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]] | Settled:
     name = flow_name(frc.flow)
     params, params_error = _plain_parameters(frc.parameters)
     outer = _DRIVEN.get()
-    active: ActiveRun | None = None
+    active: RunLease | None = None
     # A driver's flow run is a direct call (no deployment); ``_Started`` (a state hook's view) has no flow run.
     deployment = None if outer is not None else deployment_of(getattr(frc, "flow_run", None))
     if outer is not None:
@@ -285,27 +284,23 @@ def _bind(flow_run_id: str, frc: Any) -> tuple[_FlowRun, list[str]] | Settled:
     return _FlowRun(ctx, rt, run, active, params_error, deployment), [p for p in earlier if p != flow_run_id]
 
 
-def _claim(rt: Runtime, flow_run_id: str, name: str) -> ActiveRun:
+def _claim(rt: Runtime, flow_run_id: str, name: str) -> RunLease:
     """A direct flow run's run: ``prefect-<flow run id>``, or a fresh suffix when that one is settled or held (a
     direct flow run id is never executed twice by Prefect, so nothing needs to find the suffix again)."""
-    run_id = f"prefect-{flow_run_id}"
-    rt.runs.create(run_id, name)
-    decision = rt.ownership.claim(run_id)
-    if not isinstance(decision, Activated):
-        fresh = f"{run_id}-{uuid.uuid4().hex[:8]}"
+    lease = acquire(
+        f"prefect-{flow_run_id}", name, RETRY_SUFFIX, ownership=rt.ownership, runs=rt.runs, waits=rt.waits
+    )
+    if isinstance(lease, Refused):  # pragma: no cover - a retry-suffix lease activates or raises
+        raise RuntimeError(f"could not claim run {lease.run_id}: {lease.decision}")
+    if lease.displaced is not None:
         log.warning(
             "smthrs run %s of flow run %s is %s; this flow run's steps journal into %s instead",
-            run_id,
+            lease.displaced.run_id,
             flow_run_id,
-            type(decision).__name__,
-            fresh,
+            type(lease.displaced.decision).__name__,
+            lease.run_id,
         )
-        run_id = fresh
-        rt.runs.create(run_id, name)
-        decision = rt.ownership.claim(run_id)
-        if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
-            raise RuntimeError(f"could not claim the fresh run {run_id}: {decision}")
-    return ActiveRun(decision, name, ownership=rt.ownership, runs=rt.runs, waits=rt.waits)
+    return lease
 
 
 def _unbind(run_id: str) -> None:
@@ -343,7 +338,7 @@ def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
     _conclude(fr, fr.active, state)
 
 
-def _conclude(fr: _FlowRun, active: ActiveRun, state: Any) -> None:
+def _conclude(fr: _FlowRun, active: RunLease, state: Any) -> None:
     summary = {"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)}
     data = getattr(state, "data", None)
     if state.is_completed():

@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
@@ -24,6 +24,9 @@ from ..codecs import path_arguments
 from ..errors import CacheError, CanonicalError
 from ..plan import NodeDraft
 from ..plan.fileset import entry_matches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..runtime import Runtime
 
 __all__ = ["StepLike", "check_path_arguments", "request_for"]
 
@@ -74,7 +77,7 @@ def _memo_of(spec: StepLike) -> _RequestMemo:
 
 def request_for(
     spec: StepLike,
-    rt: Any,
+    rt: Runtime,
     run_id: str,
     attempt: int,
     values: dict[str, Any],
@@ -134,7 +137,7 @@ def request_for(
     return draft, _called(spec, request)
 
 
-def _check_reads(spec: StepLike, rt: Any, reads: Iterable[tuple[str, str]]) -> None:
+def _check_reads(spec: StepLike, rt: Runtime, reads: Iterable[tuple[str, str]]) -> None:
     """Refuse a call whose declared exact read does not exist, before the body runs: a typo in ``reads=`` would
     otherwise run a body that cannot see its input (and key the call on the file's absence)."""
     missing = [path for path, digest in reads if digest == ABSENT_FILE]

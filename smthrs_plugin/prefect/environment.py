@@ -38,7 +38,7 @@ __all__ = [
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 #: The budget smthrs gives it when the user has not chosen one.
 DEFAULT_STARTUP_TIMEOUT_S = 180
-#: The start of the message Prefect 3.9's ``SubprocessASGIServer.start`` raises (prefect/server/api/server.py).
+#: The start of the message Prefect 3.9's ``SubprocessASGIServer.start`` raises (``prefect.server.api.server``).
 _TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 

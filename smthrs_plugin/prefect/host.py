@@ -31,7 +31,7 @@ Invariants
 - Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``, and ``smthrs.cache.refused``
   when an existing entry was not served; catalogue: :mod:`._events`) on the flow's own context, and, when the pass
   ends, the Report — naming the smthrs run id and the commands that inspect it — is attached to the flow run as a
-  markdown artifact (see :mod:`.prefect_plugin`). A node's event is sent after the coordinator has its outcome
+  markdown artifact (see :mod:`.plugin`). A node's event is sent after the coordinator has its outcome
   (the settlement is durable by then), so telling Prefect never delays the node's dependents. A plan run that
   parks inside :func:`run_plan_in_flow` is announced (``smthrs.run.parked``, ``smthrs.approval.requested``, an
   artifact and a state message naming the commands that approve, inspect or cancel it). Prefect being unreachable
@@ -386,7 +386,7 @@ def share_prefect_api() -> str:
     """Export this process's Prefect API as ``PREFECT_API_URL`` so its children (process-pool and Dask workers,
     subprocesses) report to the same server instead of each starting an ephemeral one (10-15 s each,
     and their task runs would be invisible). The configured server, or Prefect's ephemeral server — started now if
-    it is not running yet (given the startup budget of :mod:`._prefect_env`; a time-out is
+    it is not running yet (given the startup budget of :mod:`.environment`; a time-out is
     ``SchedulerError(prefect_unavailable)``). Returns the URL. Call it before creating the task runner's workers."""
     import os
 
@@ -410,7 +410,7 @@ def share_prefect_api() -> str:
 def quiet_flow_settings() -> Any:
     """A settings context that switches Prefect's per-flow-run heartbeat thread off (its join costs ~0.5 s per
     flow run); smthrs heartbeats its own runs. It also gives Prefect's ephemeral server 180 s to start
-    unless the user chose a startup timeout (:mod:`._prefect_env`)."""
+    unless the user chose a startup timeout (:mod:`.environment`)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, **startup_timeout_updates()})

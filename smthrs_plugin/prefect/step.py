@@ -5,66 +5,21 @@
     @sp.step(reads=["data/raw.csv"], writes=["data/clean.csv"])
     def clean(ws: sp.Workspace, threshold: float) -> dict: ...
 
-Invariants
-- **The key is the content, never a weaker stand-in.** A call's dispatch key (``plan.keys.dispatch_key``) folds
-  the function's identity (``module:qualname``) and the SHA-256 of its source, the canonical JSON of every
-  argument (after binding and defaults), the SHA-256 of every declared read, the declared effects and the
-  environment (Python implementation and version, plus ``environment=``). A typed argument (pydantic model,
-  dataclass, datetime, ...) is folded by its value codec's canonical key form (:mod:`smthrs_plugin.codecs`); one
-  no codec handles is ``CacheError(key_uncomputable)`` naming the argument and the ``smthrs_value_codecs`` hook,
-  raised before anything is written — register a codec, or declare the data as a read instead of passing it. A
-  function whose source cannot be read is refused when decorated.
-- **A building body is isolated** (``boundary.IsolatedCall``): by default it runs in a forked child where every
-  workspace path means its sandbox (``isolation=`` / ``SMTHRS_ISOLATION``: namespace | process | thread); the
-  isolation that ran is on its ``step-settled`` record. A hit starts no child.
-- **The function sees only its sandbox.** It receives a :class:`Workspace` (a path rooted in the sandbox) in the
-  parameter annotated ``Workspace``, whatever its position (:meth:`_StepSpec.body_arguments`; that parameter is
-  not part of the task's signature); declared reads are there, declared writes are copied back (compare-and-set)
-  when it returns. A hit replays the outputs instead of calling it. A declared exact read missing from the
-  workspace is ``CacheError(missing_read)`` naming it, before the body runs.
-- **Always a value; a hit looks like a hit.** A direct call returns the step's value (a hit returns the stored
-  value), never a Prefect State (unless the caller passes ``return_state=True``). ``.submit()`` / ``.map()``
-  futures resolve to the value too. However the step is called, a hit's task run ends ``Completed`` named
-  ``Cached`` (its message names the dispatch key): the body returns that state and a direct call unwraps the value
-  Prefect hands back (:func:`_value_of`; only OUR hit state, recognised by its message, is unwrapped). A failed
-  dispatch raises the step's own error, untouched on every path, so Prefect's ``retries=`` retry it (each retry
-  is an attempt).
-- **Async steps are async tasks whose event loop is never blocked.** ``@step`` on an ``async def`` builds an async
-  Prefect task (``await step(...)`` in an async flow, ``.submit()``, ``.map()``, ``retries=`` as for sync steps).
-  The dispatch (hashing, sandbox, copy-back, journal: synchronous, blocking I/O) runs in a thread of its own per
-  call (one thread each, not a capped pool: concurrent awaits stay concurrent). An isolated body's coroutine runs
-  on a loop of its own in the child; under ``isolation="thread"`` it runs on the task run's OWN event loop
-  (``run_coroutine_threadsafe``), like any async Prefect task, so loop-bound clients keep working. The body sees
-  the same sandbox, ``ws`` and wait ban as a sync body. Cancelling the awaiting task cancels the body (kills its
-  child) and waits for the dispatch to settle (a failed build, journaled) before the cancellation propagates.
-- **Prefect does not cache twice**: the task is built with ``cache_policy=NO_CACHE, persist_result=False``;
-  passing Prefect caching options is refused, but for those smthrs honours itself, carried on every request and
-  never folded into the key: ``cache_expiration`` (an older entry is a ``Miss`` whose reason is ``expired``),
-  ``refresh_cache`` (None: Prefect's ``PREFECT_TASKS_REFRESH_CACHE`` at call time), ``cache_policy=NO_CACHE``
-  (nothing served or stored). ``cache_exclude`` leaves arguments out of the key; ``cache_value=False`` leaves the
-  value out of the result (every call returns None); otherwise a value no codec stores exactly fails the build
-  (``CacheError(value_uncacheable)``).
-- **A refusal is told once.** A typed error (:class:`~smthrs_plugin.errors.SmthrsError`) a call raises is logged
-  once, on the task run's logger, and re-raised untouched; Prefect's own records of the same failure (task run,
-  flow run, their final states) are rewritten to point at it (:class:`_RefusalEchoes`) instead of repeating its
-  text and a traceback of plugin frames. A body's own exception is logged by Prefect as for any task.
-- **One smthrs run per flow run** (see :mod:`._flowrun`): every call of a flow run's steps journals a
-  ``step-settled`` record into it, fenced by the flow process's owner token, which each call carries to
-  wherever Prefect runs the body (threads, processes, Dask).
-- **Prefect hears about every call** once it settled (catalogue: :mod:`._events`): ``smthrs.step.<outcome>``,
-  ``smthrs.cache.refused`` when an existing entry was not served, and, once per flow run (in the flow run's own
-  process), an artifact naming the flow run's smthrs run and the commands that inspect it. A hit inside a task
-  run is told by that task run's own ``Cached`` state and sends no ``smthrs.step.clean`` (one fact, one record);
-  a hit outside a task run (the body called without Prefect) still sends it.
-- **A hit's own cost is a few stat calls.** The request of a sealed step is rebuilt only when its canonical
-  arguments, environment, workspace or measured read digests differ from a call this process already keyed
-  (:func:`._steprequest.request_for`); the seam then serves a local entry it verified before without reading its row again
-  while the database is unchanged and every read and output still stats as verified
-  (``cache._dispatch.CacheDispatcher._remembered``). The ``step-settled`` record of every call is still
-  journaled (hits in fenced batches, :mod:`._stepjournal`).
+What a call's key folds is in docs/rules.md ("What a ``@step``'s identity folds"). A caller relies on:
 
-Prior art: Prefect's ``INPUTS + TASK_SOURCE`` cache policy (keys on argument reprs and source), Bazel's action
-key (keys on input file digests): this is the second, shaped like the first.
+- **The key is the content.** An argument no codec handles is ``CacheError(key_uncomputable)`` naming it and the
+  ``smthrs_value_codecs`` hook, before anything is written; a function whose source cannot be read is refused
+  when decorated.
+- **A building body is isolated** (``boundary.IsolatedCall``, ``isolation=``: namespace | process | thread) and
+  sees only its sandbox through the parameter annotated ``Workspace``; declared writes are copied back
+  compare-and-set. A hit starts no child and replays the outputs.
+- **Always a value.** A call returns the step's value (a hit: the stored one), never a State unless
+  ``return_state=True``; a hit's task run ends ``Completed`` named ``Cached``. A failed dispatch raises the
+  step's own error, so Prefect's ``retries=`` retry it. An async step never blocks its event loop.
+- **Prefect does not cache twice** (``cache_policy=NO_CACHE, persist_result=False``); ``cache_expiration``,
+  ``refresh_cache``, ``cache_exclude`` and ``cache_value`` are honoured by smthrs, never folded into the key.
+- **One smthrs run per flow run** (:mod:`._flowrun`): every call journals ``step-settled`` into it, fenced by the
+  flow process's owner token. Events: :mod:`._events`. A typed refusal is logged once and re-raised untouched.
 """
 
 from __future__ import annotations
@@ -95,7 +50,7 @@ from ..engine.context import waits_forbidden
 from ..errors import CacheError, CanonicalError, CodecError, PlanError
 from ..plan import NodeDraft, Value, node
 from ..plan.keys import plan_key
-from ..runtime import process_codecs
+from ..runtime import Runtime, process_codecs
 from ..scheduler.job import error_line
 from ..scheduler.model import Settlement
 from . import _events
@@ -510,7 +465,7 @@ def _payload(
 def _tell(
     spec: _StepSpec,
     ctx: StepContext,
-    rt: Any,
+    rt: Runtime,
     draft: NodeDraft,
     result: Any,
     attempt: int,

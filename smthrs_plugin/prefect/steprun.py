@@ -25,8 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.ownership.arbiter import Activated
-from ..engine.ownership.heartbeat import Heartbeater
+from ..engine.lease import FRESH, Refused, acquire
 from ..errors import FenceLost
 from ..records.runs import OwnerId
 from ..runtime import Runtime, open_runtime
@@ -200,28 +199,28 @@ def standalone_run(flow: str) -> Iterator[StepContext]:
     """A short run of its own for one step call outside any flow run; settled when the block exits."""
     spec = current_spec()
     rt = spec.open()
-    run_id = f"step-{uuid.uuid4().hex}"
-    rt.runs.create(run_id, flow)
-    decision = rt.ownership.claim(run_id)
-    if not isinstance(decision, Activated):  # pragma: no cover - nobody else knows this fresh id
-        raise RuntimeError(f"could not claim fresh run {run_id}: {decision}")
-    beat = Heartbeater(rt.ownership, run_id).start()
+    lease = acquire(
+        f"step-{uuid.uuid4().hex}", flow, FRESH, ownership=rt.ownership, runs=rt.runs, waits=rt.waits
+    )
+    if isinstance(lease, Refused):  # pragma: no cover - a fresh lease activates or raises
+        raise RuntimeError(f"could not claim fresh run {lease.run_id}: {lease.decision}")
+    run_id = lease.run_id
     ctx = StepContext(run_id, rt.ownership.owner, spec, None)
     error: BaseException | None = None
-    try:
-        yield ctx
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        flush_hits(run_id)
-        beat.stop()
-        if not isinstance(
-            error, FenceLost
-        ):  # a lost fence: another owner holds the run, nothing of ours to write
-            rt.runs.finish(
-                run_id,
-                ctx.owner,
-                "failed" if error is not None else "completed",
-                error=None if error is None else {"type": type(error).__name__, "message": str(error)},
-            )
+    with lease:
+        try:
+            yield ctx
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            flush_hits(run_id)
+            lease.stop_heartbeat()
+            if not isinstance(
+                error, FenceLost
+            ):  # a lost fence: another owner holds the run, nothing of ours to write
+                # The step's own ending, not the flow mapping of ``conclude``: any error fails its run.
+                lease.settle(
+                    "failed" if error is not None else "completed",
+                    error=None if error is None else {"type": type(error).__name__, "message": str(error)},
+                )

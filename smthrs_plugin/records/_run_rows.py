@@ -15,7 +15,7 @@ Invariants:
   facts. The baseline is always ``created``: the run's creation fact is journaled in the row's own transaction
   and journal records are never deleted.
 
-Prior art: seed 004 ("Native lifecycle observations", ownership-and-fencing).
+Prior art: the reference's native lifecycle observations and its ownership and fencing rules.
 """
 
 from __future__ import annotations

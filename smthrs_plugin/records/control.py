@@ -1,25 +1,28 @@
 """The control records' owner: plan cards, approval tokens, decisions, grants, receipts, admitted runs and resume
-delegations — every statement on the ``control_*`` tables, and the decoder of their columns.
+delegations — every statement on the ``control_*`` tables, and the decoder of their rows.
 
 Invariants:
 
 - **One owner.** Every statement on ``control_plans``, ``control_tokens``, ``control_decisions``,
-  ``control_grants``, ``control_receipts``, ``control_runs`` and ``control_resumes`` is in this module; the control
-  plane (``control/store.py``) builds its own types (cards, envelopes, principals, receipts) from the records
-  returned here and never imports a table. Every ``*_in`` function works on the caller's connection, so the control
-  plane composes several of them into ONE transaction (a decision, its grant, its journal record, its receipt and
-  its resume delegation commit together or not at all).
-- **Columns decode here.** JSON columns are parsed by :func:`loads` (the inverse of :func:`canonical_text`) and
-  enumerated columns (token kind, decision) checked; a row that does not decode is corruption: point reads raise
-  ``StoreError(decode_failed)`` naming the row (:func:`decode_failed`; a control plane that treated an unreadable
-  decision as "no decision" would let a denied request run). Nothing is repaired silently.
-- **A token is decided at most once**: the decision table's primary key is the token, so the first writer wins
-  under concurrency too (``control/store.py`` refuses a second decision with ``already_resolved``).
+  ``control_grants``, ``control_receipts``, ``control_runs`` and ``control_resumes`` is in this module, and rows
+  decode here straight into the control plane's value types (:class:`~smthrs_plugin._control_cards.PlanCard`,
+  ``Envelope``, ``Principal``, ``Accepted``: pure modules below this floor); nothing above imports a table. Every
+  ``*_in`` function works on the caller's connection, so the control plane composes several of them into ONE
+  transaction (a decision, its grant, its journal record, its receipt and its resume delegation commit together
+  or not at all).
+- **A row that does not decode is corruption**: JSON columns are parsed by :func:`loads` (the inverse of
+  :func:`canonical_text`), enumerated columns (token kind, decision) checked, and the value types rebuilt; point
+  reads raise ``StoreError(decode_failed)`` naming the row (:func:`decode_failed`; a control plane that treated an
+  unreadable decision as "no decision" would let a denied request run). Nothing is repaired silently.
+- **A token is decided at most once**: :func:`insert_decision_in` refuses a second decision with
+  ``ControlError(already_resolved)``, and the decision table's primary key is the token, so the first writer wins
+  under concurrency too.
+- **Only ``Accepted`` receipts are stored**; replays are computed from the stored row (``control.receipts``).
 - **Admission state of a run** (:func:`admission_state_in`): whether the control plane admitted it (a
   ``control_runs`` row, committed with the run row and gone only with it, so immutable once known) and whether its
   ``control.run.accepted`` sits at the fixed journal address ``(run, ACCEPTED_SOURCE, 0)`` — one round trip.
 
-Prior art: DBOS's ``SystemDatabase`` (one owner of the system tables), seed 001 (control plane records).
+Prior art: DBOS's ``SystemDatabase`` (one owner of the system tables).
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .._control_cards import CardNode, Envelope, PlanCard
+from .._control_identity import JSON, Principal
+from .._control_receipts import Accepted, receipt_from_dict
 from ..canonical import canonical_bytes
-from ..errors import StoreError
+from ..errors import ControlError, SmthrsError, StoreError
 from ..stores.control_tables import (
     control_decisions,
     control_grants,
@@ -48,12 +54,12 @@ from .journal import addressed_seq
 
 __all__ = [
     "ACCEPTED_SOURCE",
-    "CardRecord",
-    "TokenRecord",
-    "DecisionRecord",
-    "GrantRecord",
-    "ReceiptRecord",
-    "AdmissionRecord",
+    "CardRow",
+    "TokenRow",
+    "DecisionRow",
+    "GrantRow",
+    "ReceiptRow",
+    "AdmissionRow",
     "new_id",
     "canonical_text",
     "loads",
@@ -72,7 +78,7 @@ __all__ = [
     "insert_decision_in",
     "insert_grant_in",
     "grant_in",
-    "grant_candidates_in",
+    "matching_grant_in",
     "use_grant_in",
     "receipt_in",
     "insert_receipt_in",
@@ -124,80 +130,99 @@ def decode_failed(what: str, key: Any, exc: BaseException) -> StoreError:
     )
 
 
+def _principal(pid: Any, kind: Any, what: str, key: Any) -> Principal:
+    try:
+        return Principal(id=pid, kind=kind)
+    except SmthrsError as exc:
+        raise decode_failed(what, key, exc) from exc
+
+
+def _envelope(data: Any, what: str, key: Any) -> Envelope:
+    try:
+        return Envelope.from_json(data)
+    except (ValueError, SmthrsError) as exc:
+        raise decode_failed(what, key, exc) from exc
+
+
+def _json(text: str, what: str, key: Any) -> Any:
+    try:
+        return loads(text)
+    except ValueError as exc:
+        raise decode_failed(what, key, exc) from exc
+
+
 # -- cards ------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class CardRecord:
-    """A stored plan card: its columns and its card JSON (parsed, not yet a card)."""
+class CardRow:
+    """A stored plan card; ``plan_name``/``plan_digest`` locate the compiled plan in the scheduler's plan store."""
 
-    plan_id: str
-    digest: str
+    card: PlanCard
     seq: int
-    flow_id: str
     plan_name: str
     plan_digest: str
-    deploy_class: bool
-    card: Any
     created_at_ms: int
+
+    @property
+    def plan_id(self) -> str:
+        return self.card.plan_id
+
+    @property
+    def gated(self) -> bool:
+        """Whether a plan approval gates the launch (the card's deploy-class flag)."""
+        return self.card.deploy_class
 
 
 _P = control_plans.c
 
 
-def insert_card_in(
-    conn: Connection,
-    *,
-    plan_id: str,
-    digest: str,
-    seq: int,
-    flow_id: str,
-    plan_name: str,
-    plan_digest: str,
-    deploy_class: bool,
-    card: Any,
-    now_ms: int,
-) -> None:
-    """Store a card (``card`` is its JSON data, stored canonically)."""
+def insert_card_in(conn: Connection, card: PlanCard, seq: int, plan_name: str, now_ms: int) -> None:
+    """Store a card (its JSON stored canonically, its digest and persisted-plan digest beside it)."""
+    assert card.plan_digest is not None
     conn.execute(
         sa.insert(control_plans).values(
-            plan_id=plan_id,
-            digest=digest,
+            plan_id=card.plan_id,
+            digest=card.digest,
             seq=seq,
-            flow_id=flow_id,
+            flow_id=card.flow_id,
             plan_name=plan_name,
-            plan_digest=plan_digest,
-            deploy_class=1 if deploy_class else 0,
-            card_json=canonical_text(card),
+            plan_digest=card.plan_digest,
+            deploy_class=1 if card.deploy_class else 0,
+            card_json=canonical_text(card.to_json()),
             created_at_ms=now_ms,
         )
     )
 
 
-def _card(row: Any) -> CardRecord:
+def _card(row: Any) -> CardRow:
+    data = _json(row.card_json, "plan card", row.plan_id)
+    # Decoded part by part, not through ``PlanCard.from_json``: that decodes the card as ONE input, one level
+    # deeper than its ``input`` member, so an input accepted at the depth (or size) bound would not read back.
     try:
-        data = loads(row.card_json)
-    except ValueError as exc:
+        card = PlanCard(
+            plan_id=data["planId"],
+            flow_id=data["flowId"],
+            input=data["input"],
+            envelope=Envelope.from_json(data["envelope"]),
+            deploy_class=data["deployClass"],
+            plan_digest=data["persistedPlan"],
+            nodes=tuple(CardNode.from_json(n) for n in data["nodes"]),
+            scope=data["scope"],
+        )
+    except (ValueError, KeyError, TypeError, SmthrsError) as exc:
         raise decode_failed("plan card", row.plan_id, exc) from exc
-    return CardRecord(
-        row.plan_id,
-        row.digest,
-        int(row.seq),
-        row.flow_id,
-        row.plan_name,
-        row.plan_digest,
-        bool(row.deploy_class),
-        data,
-        int(row.created_at_ms),
-    )
+    if card.plan_id != row.plan_id or card.digest != row.digest or card.digest != data.get("digest"):
+        raise decode_failed("plan card", row.plan_id, ValueError("its id or digest differs from its columns"))
+    return CardRow(card, int(row.seq), row.plan_name, row.plan_digest, int(row.created_at_ms))
 
 
-def card_in(conn: Connection, plan_id: str) -> CardRecord | None:
+def card_in(conn: Connection, plan_id: str) -> CardRow | None:
     row = conn.execute(sa.select(control_plans).where(_P.plan_id == plan_id)).first()
     return None if row is None else _card(row)
 
 
-def current_card_in(conn: Connection, digest: str) -> CardRecord | None:
+def current_card_in(conn: Connection, digest: str) -> CardRow | None:
     """The newest card of a card digest (the one a launch of that content is governed by)."""
     row = conn.execute(
         sa.select(control_plans).where(_P.digest == digest).order_by(_P.seq.desc()).limit(1)
@@ -209,9 +234,9 @@ _T = control_tokens.c
 _D = control_decisions.c
 
 
-def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRecord]:
-    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first: a plan token with
-    no decision row."""
+def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRow]:
+    """Up to ``limit`` cards whose plan approval is required and not decided yet, oldest first (what a reviewer
+    has to look at): a plan token with no decision row."""
     q = (
         sa.select(control_plans)
         .join(control_tokens, _T.plan_id == _P.plan_id)
@@ -223,9 +248,9 @@ def undecided_plan_cards_in(conn: Connection, limit: int) -> list[CardRecord]:
     return [_card(row) for row in conn.execute(q)]
 
 
-def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRecord | None:
-    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``,
-    or None."""
+def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: str) -> CardRow | None:
+    """The most recently approved card of the plan ``plan_name`` whose card digest is not ``other_than_digest``
+    (what a reviewer compares a new card with), or None."""
     q = (
         sa.select(control_plans)
         .join(control_tokens, _T.plan_id == _P.plan_id)
@@ -242,32 +267,36 @@ def last_approved_card_in(conn: Connection, plan_name: str, other_than_digest: s
 
 
 @dataclass(frozen=True)
-class TokenRecord:
-    """One approval request's columns; ``envelope`` is its JSON data. ``kind`` is ``Plan`` or ``Node``."""
+class TokenRow:
+    """One approval request. ``kind`` is ``Plan`` (``plan_id``) or ``Node`` (``run_id``, ``request_id``)."""
 
     token_id: str
     kind: str
     flow_id: str
     digest: str
-    envelope: Any
+    envelope: Envelope
     created_at_ms: int
-    plan_id: str | None
-    run_id: str | None
-    request_id: str | None
+    plan_id: str | None = None
+    run_id: str | None = None
+    request_id: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What an authority is asked about: the plan id, or ``<run id>/<request id>``."""
+        return self.plan_id if self.kind == "Plan" else f"{self.run_id}/{self.request_id}"  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
-class DecisionRecord:
-    """The one decision of a token (``approved`` | ``denied``) and who made it."""
+class DecisionRow:
+    """The one decision of a token. ``via_grant_id`` is set when an earlier grant decided it at registration."""
 
     token_id: str
     decision: str
-    principal_id: Any
-    principal_kind: Any
+    principal: Principal
     decided_at_ms: int
-    scope: str | None
-    grant_id: str | None
-    via_grant_id: str | None
+    scope: str | None = None
+    grant_id: str | None = None
+    via_grant_id: str | None = None
 
 
 def insert_token_in(
@@ -277,13 +306,13 @@ def insert_token_in(
     *,
     flow_id: str,
     digest: str,
-    envelope: Any,
+    envelope: Envelope,
     now_ms: int,
     plan_id: str | None = None,
     run_id: str | None = None,
     request_id: str | None = None,
-) -> None:
-    """Store an approval request (``envelope`` is its JSON data, stored canonically)."""
+) -> TokenRow:
+    """Store an approval request (its envelope stored canonically) and answer it as read back."""
     conn.execute(
         sa.insert(control_tokens).values(
             token_id=token_id,
@@ -293,25 +322,23 @@ def insert_token_in(
             request_id=request_id,
             flow_id=flow_id,
             digest=digest,
-            envelope_json=canonical_text(envelope),
+            envelope_json=canonical_text(envelope.to_json()),
             created_at_ms=now_ms,
         )
     )
+    return TokenRow(token_id, kind, flow_id, digest, envelope, now_ms, plan_id, run_id, request_id)
 
 
-def _token(row: Any) -> TokenRecord:
-    try:
-        envelope = loads(row.envelope_json)
-    except ValueError as exc:
-        raise decode_failed("approval token", row.token_id, exc) from exc
+def _token(row: Any) -> TokenRow:
+    envelope = _json(row.envelope_json, "approval token", row.token_id)
     if row.kind not in ("Plan", "Node"):
         raise decode_failed("approval token", row.token_id, ValueError(f"unknown kind {row.kind!r}"))
-    return TokenRecord(
+    return TokenRow(
         row.token_id,
         row.kind,
         row.flow_id,
         row.digest,
-        envelope,
+        _envelope(envelope, "approval token", row.token_id),
         int(row.created_at_ms),
         row.plan_id,
         row.run_id,
@@ -319,24 +346,24 @@ def _token(row: Any) -> TokenRecord:
     )
 
 
-def token_in(conn: Connection, token_id: str) -> TokenRecord | None:
+def token_in(conn: Connection, token_id: str) -> TokenRow | None:
     row = conn.execute(sa.select(control_tokens).where(_T.token_id == token_id)).first()
     return None if row is None else _token(row)
 
 
-def plan_token_in(conn: Connection, plan_id: str) -> TokenRecord | None:
+def plan_token_in(conn: Connection, plan_id: str) -> TokenRow | None:
     row = conn.execute(sa.select(control_tokens).where(_T.plan_id == plan_id)).first()
     return None if row is None else _token(row)
 
 
-def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRecord | None:
+def node_token_in(conn: Connection, run_id: str, request_id: str) -> TokenRow | None:
     row = conn.execute(
         sa.select(control_tokens).where(_T.run_id == run_id, _T.request_id == request_id)
     ).first()
     return None if row is None else _token(row)
 
 
-def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRecord, DecisionRecord | None]]:
+def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRow, DecisionRow | None]]:
     """Every node token of a run with its decision, in registration order."""
     rows = conn.execute(
         sa.select(control_tokens).where(_T.run_id == run_id).order_by(_T.created_at_ms, _T.token_id)
@@ -348,17 +375,16 @@ def run_tokens_in(conn: Connection, run_id: str) -> list[tuple[TokenRecord, Deci
     return out
 
 
-def decision_in(conn: Connection, token_id: str) -> DecisionRecord | None:
+def decision_in(conn: Connection, token_id: str) -> DecisionRow | None:
     row = conn.execute(sa.select(control_decisions).where(_D.token_id == token_id)).first()
     if row is None:
         return None
     if row.decision not in ("approved", "denied"):
         raise decode_failed("decision", token_id, ValueError(f"unknown decision {row.decision!r}"))
-    return DecisionRecord(
+    return DecisionRow(
         row.token_id,
         row.decision,
-        row.principal_id,
-        row.principal_kind,
+        _principal(row.principal_id, row.principal_kind, "decision", row.token_id),
         int(row.decided_at_ms),
         row.scope,
         row.grant_id,
@@ -366,28 +392,39 @@ def decision_in(conn: Connection, token_id: str) -> DecisionRecord | None:
     )
 
 
-def insert_decision_in(conn: Connection, d: DecisionRecord) -> None:
-    """Store the decision of a token (the caller checked it has none: :func:`decision_in`)."""
+def insert_decision_in(conn: Connection, d: DecisionRow) -> DecisionRow:
+    """Record the one decision of a token; ``already_resolved`` when it already has one."""
+    existing = decision_in(conn, d.token_id)
+    if existing is not None:
+        raise ControlError(
+            "already_resolved",
+            f"approval token {d.token_id!r} was already {existing.decision} by {existing.principal}; a "
+            "decision is final — plan again (or ask again in a new run) to review anew",
+            token_id=d.token_id,
+            decision=existing.decision,
+        )
     conn.execute(
         sa.insert(control_decisions).values(
             token_id=d.token_id,
             decision=d.decision,
-            principal_id=d.principal_id,
-            principal_kind=d.principal_kind,
+            principal_id=d.principal.id,
+            principal_kind=d.principal.kind,
             scope=d.scope,
             grant_id=d.grant_id,
             via_grant_id=d.via_grant_id,
             decided_at_ms=d.decided_at_ms,
         )
     )
+    return d
 
 
 # -- grants ------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class GrantRecord:
-    """A grant's columns; ``envelope`` is its JSON data, ``envelope_digest`` the digest it is indexed by."""
+class GrantRow:
+    """What an approval authorised: ``kind`` (Plan|Node), ``scope`` (once|run|remembered), the pinned digest and
+    envelope, the run it belongs to (node grants) and, for a used ``once`` grant, the run that used it."""
 
     grant_id: str
     token_id: str
@@ -395,10 +432,8 @@ class GrantRecord:
     scope: str
     flow_id: str
     digest: str
-    envelope_digest: str
-    envelope: Any
-    principal_id: Any
-    principal_kind: Any
+    envelope: Envelope
+    principal: Principal
     created_at_ms: int
     run_id: str | None = None
     used_at_ms: int | None = None
@@ -408,7 +443,8 @@ class GrantRecord:
 _G = control_grants.c
 
 
-def insert_grant_in(conn: Connection, g: GrantRecord) -> None:
+def insert_grant_in(conn: Connection, g: GrantRow) -> GrantRow:
+    """Store a grant, indexed by its envelope's digest."""
     conn.execute(
         sa.insert(control_grants).values(
             grant_id=g.grant_id,
@@ -417,34 +453,34 @@ def insert_grant_in(conn: Connection, g: GrantRecord) -> None:
             scope=g.scope,
             flow_id=g.flow_id,
             digest=g.digest,
-            envelope_digest=g.envelope_digest,
-            envelope_json=canonical_text(g.envelope),
+            envelope_digest=g.envelope.digest,
+            envelope_json=canonical_text(g.envelope.to_json()),
             run_id=g.run_id,
-            principal_id=g.principal_id,
-            principal_kind=g.principal_kind,
+            principal_id=g.principal.id,
+            principal_kind=g.principal.kind,
             created_at_ms=g.created_at_ms,
             used_at_ms=g.used_at_ms,
             used_by_run=g.used_by_run,
         )
     )
+    return g
 
 
-def _grant(row: Any) -> GrantRecord:
-    try:
-        envelope = loads(row.envelope_json)
-    except ValueError as exc:
-        raise decode_failed("grant", row.grant_id, exc) from exc
-    return GrantRecord(
+def _grant(row: Any) -> GrantRow:
+    return _grant_of(row, _json(row.envelope_json, "grant", row.grant_id))
+
+
+def _grant_of(row: Any, envelope: Any) -> GrantRow:
+    """A grant row whose envelope JSON (``envelope``) is already parsed."""
+    return GrantRow(
         row.grant_id,
         row.token_id,
         row.kind,
         row.scope,
         row.flow_id,
         row.digest,
-        row.envelope_digest,
-        envelope,
-        row.principal_id,
-        row.principal_kind,
+        _envelope(envelope, "grant", row.grant_id),
+        _principal(row.principal_id, row.principal_kind, "grant", row.grant_id),
         int(row.created_at_ms),
         row.run_id,
         None if row.used_at_ms is None else int(row.used_at_ms),
@@ -452,17 +488,23 @@ def _grant(row: Any) -> GrantRecord:
     )
 
 
-def grant_in(conn: Connection, grant_id: str) -> GrantRecord | None:
+def grant_in(conn: Connection, grant_id: str) -> GrantRow | None:
     row = conn.execute(sa.select(control_grants).where(_G.grant_id == grant_id)).first()
     return None if row is None else _grant(row)
 
 
-def grant_candidates_in(
-    conn: Connection, kind: str, *, flow_id: str, digest: str, envelope_digest: str, run_id: str | None
-) -> list[GrantRecord]:
-    """Grants that may cover a new request, oldest first: ``remembered`` grants of the same flow, digest and
-    envelope digest, or (with ``run_id``) ``run`` grants of that run with the same digest and envelope digest.
-    The caller compares the envelopes themselves (a digest match is only an index)."""
+def matching_grant_in(
+    conn: Connection,
+    kind: str,
+    *,
+    flow_id: str,
+    digest: str,
+    envelope: Envelope,
+    run_id: str | None,
+) -> GrantRow | None:
+    """An earlier grant that already covers a new request, oldest first: a ``remembered`` grant of the same flow,
+    digest and envelope, or (with ``run_id``) a ``run`` grant of that run with the same digest and envelope.
+    Envelopes match by canonical bytes (the stored digest is only the index; the decoded envelope is compared)."""
     conds = [
         sa.and_(_G.scope == "remembered", _G.flow_id == flow_id),
     ]
@@ -470,10 +512,16 @@ def grant_candidates_in(
         conds.append(sa.and_(_G.scope == "run", _G.run_id == run_id))
     rows = conn.execute(
         sa.select(control_grants)
-        .where(_G.kind == kind, _G.digest == digest, _G.envelope_digest == envelope_digest, sa.or_(*conds))
+        .where(_G.kind == kind, _G.digest == digest, _G.envelope_digest == envelope.digest, sa.or_(*conds))
         .order_by(_G.created_at_ms, _G.grant_id)
     ).all()
-    return [_grant(row) for row in rows]
+    # Every candidate's JSON parses before one is chosen: an unparsable candidate refuses, never skipped silently.
+    parsed = [(row, _json(row.envelope_json, "grant", row.grant_id)) for row in rows]
+    for row, data in parsed:
+        grant = _grant_of(row, data)
+        if grant.envelope.canonical() == envelope.canonical():
+            return grant
+    return None
 
 
 def use_grant_in(conn: Connection, grant_id: str, run_id: str, now_ms: int) -> bool:
@@ -490,13 +538,13 @@ def use_grant_in(conn: Connection, grant_id: str, run_id: str, now_ms: int) -> b
 
 
 @dataclass(frozen=True)
-class ReceiptRecord:
-    """A stored receipt's columns; ``receipt`` is its JSON data."""
+class ReceiptRow:
+    """A stored receipt (always ``Accepted``) under its durable key, with the fingerprint a replay compares."""
 
     durable_key: str
     operation: str
     fingerprint: str
-    receipt: Any
+    receipt: Accepted
     run_id: str | None
     created_at_ms: int
 
@@ -504,36 +552,32 @@ class ReceiptRecord:
 _R = control_receipts.c
 
 
-def receipt_in(conn: Connection, durable_key: str) -> ReceiptRecord | None:
+def receipt_in(conn: Connection, durable_key: str) -> ReceiptRow | None:
     row = conn.execute(sa.select(control_receipts).where(_R.durable_key == durable_key)).first()
     if row is None:
         return None
     try:
-        receipt = json.loads(row.receipt_json)
-    except ValueError as exc:
+        receipt = receipt_from_dict(json.loads(row.receipt_json))
+    except (ValueError, SmthrsError) as exc:
         raise decode_failed("receipt", durable_key, exc) from exc
-    return ReceiptRecord(
+    if not isinstance(receipt, Accepted):
+        raise decode_failed("receipt", durable_key, ValueError(f"a stored receipt is {receipt.type}"))
+    return ReceiptRow(
         row.durable_key, row.operation, row.fingerprint, receipt, row.run_id, int(row.created_at_ms)
     )
 
 
 def insert_receipt_in(
-    conn: Connection,
-    durable_key: str,
-    operation: str,
-    fingerprint: str,
-    receipt: Any,
-    run_id: str | None,
-    now_ms: int,
+    conn: Connection, durable_key: str, operation: str, fingerprint: str, receipt: Accepted, now_ms: int
 ) -> None:
-    """Store a receipt (``receipt`` is its JSON data, stored canonically)."""
+    """Store an ``Accepted`` receipt (its wire form, canonically) under its durable key."""
     conn.execute(
         sa.insert(control_receipts).values(
             durable_key=durable_key,
             operation=operation,
             fingerprint=fingerprint,
-            receipt_json=canonical_text(receipt),
-            run_id=run_id,
+            receipt_json=canonical_text(receipt.to_dict()),
+            run_id=receipt.run_id,
             created_at_ms=now_ms,
         )
     )
@@ -543,24 +587,36 @@ def insert_receipt_in(
 
 
 @dataclass(frozen=True)
-class AdmissionRecord:
-    """The approval facts of an admitted run, as stored."""
+class AdmissionRow:
+    """The approval facts of an admitted run."""
 
     run_id: str
     plan_id: str
     card_digest: str
     durable_key: str
-    admitted_by_id: Any
-    admitted_by_kind: Any
+    admitted_by: Principal
     admitted_at_ms: int
     token_id: str | None = None
     grant_id: str | None = None
+
+    def to_json(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {
+            "planId": self.plan_id,
+            "digest": self.card_digest,
+            "admittedBy": dict(self.admitted_by.to_json()),
+            "admittedAt": self.admitted_at_ms,
+        }
+        if self.token_id is not None:
+            out["tokenId"] = self.token_id
+        if self.grant_id is not None:
+            out["grantId"] = self.grant_id
+        return out
 
 
 _A = control_runs.c
 
 
-def insert_admission_in(conn: Connection, a: AdmissionRecord) -> None:
+def insert_admission_in(conn: Connection, a: AdmissionRow) -> None:
     conn.execute(
         sa.insert(control_runs).values(
             run_id=a.run_id,
@@ -569,52 +625,45 @@ def insert_admission_in(conn: Connection, a: AdmissionRecord) -> None:
             token_id=a.token_id,
             grant_id=a.grant_id,
             durable_key=a.durable_key,
-            admitted_by_id=a.admitted_by_id,
-            admitted_by_kind=a.admitted_by_kind,
+            admitted_by_id=a.admitted_by.id,
+            admitted_by_kind=a.admitted_by.kind,
             admitted_at_ms=a.admitted_at_ms,
         )
     )
 
 
-def admission_in(conn: Connection, run_id: str) -> AdmissionRecord | None:
+def admission_in(conn: Connection, run_id: str) -> AdmissionRow | None:
     row = conn.execute(sa.select(control_runs).where(_A.run_id == run_id)).first()
     if row is None:
         return None
-    return AdmissionRecord(
+    return AdmissionRow(
         row.run_id,
         row.plan_id,
         row.card_digest,
         row.durable_key,
-        row.admitted_by_id,
-        row.admitted_by_kind,
+        _principal(row.admitted_by_id, row.admitted_by_kind, "admitted run", run_id),
         int(row.admitted_at_ms),
         row.token_id,
         row.grant_id,
     )
 
 
-def insert_resume_in(
-    conn: Connection,
-    run_id: str,
-    token_id: str,
-    decision: str,
-    principal_id: str,
-    principal_kind: str,
-    created_at_ms: int,
-) -> bool:
+def insert_resume_in(conn: Connection, run_id: str, decision: DecisionRow) -> bool:
     """Record the resume delegation a node decision makes (first writer wins per (run, token))."""
     c = control_resumes.c
-    exists = conn.execute(sa.select(c.run_id).where(c.run_id == run_id, c.token_id == token_id)).first()
+    exists = conn.execute(
+        sa.select(c.run_id).where(c.run_id == run_id, c.token_id == decision.token_id)
+    ).first()
     if exists is not None:
         return False
     conn.execute(
         sa.insert(control_resumes).values(
             run_id=run_id,
-            token_id=token_id,
-            decision=decision,
-            principal_id=principal_id,
-            principal_kind=principal_kind,
-            created_at_ms=created_at_ms,
+            token_id=decision.token_id,
+            decision=decision.decision,
+            principal_id=decision.principal.id,
+            principal_kind=decision.principal.kind,
+            created_at_ms=decision.decided_at_ms,
         )
     )
     return True

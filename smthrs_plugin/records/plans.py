@@ -1,6 +1,6 @@
 """The plan records' owner: stored plan generations, a run's input observations and its stop-merge decisions.
 
-Invariants (the tables are ``stores/plan_tables.py``; seed "Drive a plan to completion"):
+Invariants (the tables are ``stores/plan_tables.py``):
 
 - **One owner.** Every statement on ``plan_generations``, ``plan_input_heads``, ``plan_input_generations`` and
   ``plan_merges`` is in this module, and it is the only decoder of their rows (the scheduler's plan and input

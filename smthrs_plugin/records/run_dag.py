@@ -15,7 +15,7 @@ Invariants:
 - Recording an edge is a mutation of the child's row (its effective parent may change): the child's revision is
   refreshed and ``run-parent-recorded`` journaled in the child's partition, in the same transaction.
 
-Prior art: the reference's ``recordRunParent`` (seed 004, "The run DAG").
+Prior art: the reference's ``recordRunParent`` (the run DAG).
 """
 
 from __future__ import annotations

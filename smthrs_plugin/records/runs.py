@@ -3,7 +3,7 @@
 Invariants:
 
 - **One owner.** Every statement on ``runs`` and ``run_tombstones`` is here (or in its private parts
-  ``_run_rows``/``_run_fence``, re-exported below), and so is the read of the revision watermark
+  ``_run_rows``/``run_fence``, re-exported below), and so is the read of the revision watermark
   (:func:`watermark_in`); everything else calls these functions and never imports the table. The observers (change
   feed, catalog, snapshots) compose the ``*_in`` reads at the end into ONE read transaction of their own. Callers still compose ONE transaction: the ``*_in(conn, ...)`` functions and ``bump_run*`` write on the
   caller's connection, so a fenced update and its journal record commit together or not at all.
@@ -28,7 +28,7 @@ Invariants:
   reads fail with ``decode_failed`` (reporting "no row" for a durably recorded but unreadable run would re-run
   work whose side effects already ran).
 
-Prior art: the reference ``RunStore``/``DurableEngineState`` (seeds 000 and 004), DBOS's ``SystemDatabase``,
+Prior art: the reference ``RunStore``/``DurableEngineState``, DBOS's ``SystemDatabase``,
 Kubernetes resourceVersion.
 """
 

@@ -2,13 +2,13 @@
 
 Invariants:
 
-- Outcomes are small frozen tagged unions, never booleans (seed 004's table): ``complete_deferred`` → ``Completed |
+- Outcomes are small frozen tagged unions, never booleans (the reference's table): ``complete_deferred`` → ``Completed |
   Existing``; ``schedule_clock`` → ``Scheduled | Existing``; ``complete_clock`` → ``Completed | AlreadyCompleted |
   NotFound``; ``park`` → ``Parked | NotFound``; ``wake`` → ``Woken | NotWaiting | NotFound``. ``Completed`` and
   ``Existing`` are generic over the record they carry. (``wakebus.Woken`` is the in-process bus's signal, a
   different thing: import them from their modules.)
 - The waiting taxonomy is closed: ``timer`` (``wake_at_ms`` = the earliest pending clock deadline), ``event``,
-  ``released`` (with its ``cause`` from the ``interrupt-released`` decision), ``quarantine`` (seed 004), and
+  ``released`` (with its ``cause`` from the ``interrupt-released`` decision), ``quarantine``, and
   ``waiting-approval`` (a pending node approval gate: only the control plane's decision wakes it).
   A row outside it (unknown reason, a timer without a deadline, values of the wrong type) is
   :class:`Undecodable`: list reads skip it with one warning naming its key, point reads raise
@@ -157,7 +157,7 @@ class WaitingRun:
 
 @dataclass(frozen=True)
 class WaitingFilter:
-    """Narrows :meth:`WaitStore.waiting_runs` to actionable rows (seed: ``WaitingRunsFilter``).
+    """Narrows :meth:`WaitStore.waiting_runs` to actionable rows (the reference's ``WaitingRunsFilter``).
 
     ``reason``: one of the taxonomy; ``due_before_ms``: only waits whose deadline is at or before it (rows without
     a deadline never match); ``cancel_requested``: True → only runs with a cancellation request, False → only runs

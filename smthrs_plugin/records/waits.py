@@ -1,9 +1,9 @@
 """The waits owner: deferreds, clocks, park and wake — the state that lets a waiting run survive its process.
 
-Invariants (seed 004, "Durable waits"):
+Invariants (the reference's durable waits):
 
 - **One owner.** Every statement on ``deferred_completions`` and ``clock_deadlines`` is here, and the decoders of
-  their rows and of a waiting run are in its private part ``_wait_rows``; run-row changes go through the runs
+  their rows and of a waiting run are in its part ``wait_rows``; run-row changes go through the runs
   owner (``runs``), journal records through ``journal``, in the caller's one transaction.
 - **Deferreds** are addressed by (flow, execution id, name) and completed once: first writer wins
   (``Completed | Existing``, the second writer learns the stored value). The consumed flag is set (by the owner,
@@ -20,14 +20,14 @@ Invariants (seed 004, "Durable waits"):
   claimable by any driver) and journals ``run-woken``; ``complete_deferred(..., wake=True)`` and
   ``complete_clock(..., wake=True)`` wake in the completing transaction, so a crash between the two is impossible.
 - Every mutation journals its record in the run's partition in the same transaction; the lifecycle ones carry the
-  run's execution fact (``facts.py``). A mutation that returned is durable: callers wake in-process waiters
+  run's execution fact (``engine/facts.py``). A mutation that returned is durable: callers wake in-process waiters
   (the wake bus) only after it returns.
 - **Corruption is local.** List reads (``pending_clocks``, ``due_clocks``, ``completed_deferreds``,
   ``waiting_runs``) skip a row that does not decode with one warning naming its key, so one bad row cannot stop a
   registration, a timer sweep or a cancellation sweep; point reads (``deferred``, ``clock``, ``waiting``) fail
   with ``decode_failed``. Listings exclude rows of settled runs.
 
-Prior art: the reference ``DurableEngineState`` (seed 004), Temporal's durable timers and signals.
+Prior art: the reference ``DurableEngineState``, Temporal's durable timers and signals.
 """
 
 from __future__ import annotations

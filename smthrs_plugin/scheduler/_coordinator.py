@@ -1,47 +1,17 @@
 """The coordinator: the single writer of one pass's scheduling state, driving an indexed ``RuntimeGraph`` and
 priority-with-aging ``Admission`` (both from ``plan``), a host for executions, and a ``RunSession`` for writes.
 
-Loop (every step is one durable transaction, so a crash loses at most the step in progress):
-1. **Admission pass** — admit ready nodes (priority + aging, step and agent caps); delay-rebased nodes re-enter
-   first, keeping their permit. Prepare each (measure, key); replays and refusals settle at once; the others'
-   attempt rows begin in one transaction; then they are submitted to the host. Passes are event-driven: one runs
-   only after something could change its answer (the start, a node became ready, a permit was released), so a
-   node ages once per pass in which capacity left it waiting — the same count on every host. (A thread host wakes
-   the coordinator when a job queues its settlement, before the job returns; a pass there, with no permit freed,
-   would age every waiting node once more than an inline host does.) ``node-scheduled`` records that count as
-   ``waited``; a delay-rebased attempt keeps the count of its admission.
-2. **Drain** — wait for at least one completion, take every completed job, and process them in plan order: a
-   final outcome settles (skips propagate in dependency order before anything else is admitted); a deviating
-   success is staged; a materialisation conflict is absorbed by its runtime strategy (delay-rebase while
-   ``rebases < rebase_limit``; stop-merge: the loser settles ``skipped`` and its decision is durable) or
-   reconciled (``Fail``).
-3. **Reconciliation page** — once nothing is running, every staged node's deviations are attributed
-   (``deviation-recorded``) before any is judged, then each staged node settles with its verdicts (below).
-4. **Merge elaboration** — a stop-merge decision whose winners all settled appends ``<id>+merge`` (or the first
-   free ``<id>+merge#n``) as a new plan generation, committed with its input generation, journal record and
-   decision completion; the graph is extended synchronously.
-
-What verdicts do (a deviation's, or an unabsorbed conflict's — the reconciler is injected, so any verdict can
-answer either):
-- any ``Fail`` → ``failed`` with its reason;
-- else any ``Reorder`` → a discovered readiness edge (``RuntimeGraph.discover``): the node runs again, afresh
-  (never replayed; ``node-invalidated`` reason ``reordered``), once every named node settled; its key, read set
-  and inputs still come from its declared predecessors only. A Reorder whose named nodes had all settled before
-  this attempt began is already honoured: the staged outcome stands (a conflict then fails). One that cannot be
-  honoured — an unknown node, the node itself, a node waiting on this one (a cycle), or irreversible work that
-  would have to run again — fails the node, saying why;
-- else (``FactorOut`` alone, "a record and a hint") → the staged outcome stands; a conflict has none → ``failed``.
-
-A typed scheduler failure (``SchedulerError``, including store and boundary failures mapped to one) stops
-admission and interrupts running siblings: it cancels the pass's :class:`~._cancel.CancelToken` (a ``run:``
-command's process group is killed), marks every attempt this owner still has ``started`` in the run ``failed``
-with its ``attempt-finished`` record in ONE fenced transaction (``AttemptStore.fail_started_in``; a terminal row
-or a lost fence is never overwritten), waits for the interrupted jobs to return and raises the typed error
-(cleanup failures are attached as ``cleanup_errors``; the original error stays primary). An external interrupt
-(Ctrl-C, a host's termination signal) also cancels the token — a command in its own session no longer hears the
-terminal — but otherwise keeps the old path, as do parking (``RunParked``), a lost fence (``FenceLost``, which
-propagates unchanged: another owner holds the run) and any other error: running jobs finish and settle
-themselves, then attempts this pass began and never saw settle are marked ``failed``.
+Invariants
+- Every loop step is one durable transaction, so a crash loses at most the step in progress. The loop:
+  admission pass (event-driven, so a node ages the same on every host) → drain completions in plan order →
+  reconciliation page once nothing runs (every deviation attributed before any is judged) → merge elaboration
+  (``<id>+merge`` as a new generation).
+- Verdicts: any ``Fail`` fails the node; else a ``Reorder`` adds a discovered readiness edge and runs the node
+  again afresh (an unhonourable one fails it, saying why); else the staged outcome stands.
+- A typed scheduler failure stops admission, cancels the pass's :class:`~.cancel.CancelToken` (a ``run:``
+  command's process group is killed), marks this owner's ``started`` attempts ``failed`` in ONE fenced
+  transaction, waits for the interrupted jobs and raises the original error (cleanup failures attached). A lost
+  fence (``FenceLost``) and parking (``RunParked``) propagate unchanged after running jobs settle themselves.
 """
 
 from __future__ import annotations

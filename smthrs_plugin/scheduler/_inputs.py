@@ -1,7 +1,7 @@
 """A run's input observations: source pins, the environment fingerprint, and stop-merge decisions (their rows
 are ``records._plans``'s, which holds their SQL; ``MergeStore`` lives there and is re-exported here).
 
-Invariants (seed "Drive a plan to completion")
+Invariants
 - **Source vs produced reads.** A read entry of node N is *produced* when an ancestor of N (a node N depends on,
   transitively) produces (writes or removes) something it may overlap — compile orders every other producer
   before N, whatever the declaration order — so its bytes exist only once that producer settled; it is measured

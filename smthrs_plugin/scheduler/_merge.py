@@ -1,6 +1,6 @@
 """Stop-and-merge: the durable decision, merge-node elaboration as a new plan generation, and its recovery.
 
-Invariants (seed "Drive a plan to completion", "Handle a conflict")
+Invariants
 - The decision is persisted independently of the attempt's failure: the ``plan_merges`` intent, a
   ``merge-decided`` record and the loser's one ``skipped`` settlement commit in one transaction. Reopening the run
   preserves that record (it is not written again) and settles the loser ``skipped`` without dispatching it.

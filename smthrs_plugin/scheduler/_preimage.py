@@ -1,7 +1,7 @@
 """Compensable work: capture the workspace pre-image of a node's write scope before each attempt, restore it
 before a retry.
 
-Invariants (seed "Drive a plan to completion": "Compensable attempts use the supplied pre-image and restore it
+Invariants (the reference requires: "Compensable attempts use the supplied pre-image and restore it
 before a retry. That promise covers only state the snapshot actually captures.")
 - The pre-image covers exactly the files under the node's declared ``writes ∪ removes`` (globs and trees
   expanded at capture), by content digest and permission bits. The bytes go to the content-addressed artifact

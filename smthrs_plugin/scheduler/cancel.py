@@ -1,6 +1,5 @@
 """The cancellation token a scheduler pass hands every node execution, so a typed scheduler failure can interrupt
-running siblings (seed "Plan admission and filesystem failure cleanup": "a typed scheduler failure interrupts
-siblings").
+running siblings (the reference requires that a typed scheduler failure interrupts siblings).
 
 Invariants
 - A token is cancelled at most once; cancelling is idempotent and never raises for the canceller: a callback's

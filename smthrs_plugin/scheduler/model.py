@@ -1,7 +1,7 @@
 """What the scheduler hands an executor and what it returns: :class:`NodeInput`, :class:`Settlement`,
 :class:`Report`.
 
-Invariants (seed "Drive a plan to completion")
+Invariants
 - An executor sees exactly what the dispatch key folds: the node, its attempt number, the boundary it was
   keyed under, and the *projected* values of its material ``Ref`` inputs (in input order). Ordering-only
   (``Pending``) dependencies and unprojected sibling fields are absent, or a cached settlement could be served
@@ -34,7 +34,7 @@ class NodeInput:
     """One node execution's input. ``inputs``: the projected value of every ``Ref`` input, in input order
     (``ABSENT`` where the projection found nothing), in its stored form (canonical JSON decoded: sorted object
     keys, lists for tuples) whether the upstream value was built now, replayed or served from the cache. ``key`` is the dispatch key; ``boundary`` the boundary mode
-    it was keyed under. ``cancel`` is the pass's :class:`~._cancel.CancelToken`: a long-running executor polls
+    it was keyed under. ``cancel`` is the pass's :class:`~.cancel.CancelToken`: a long-running executor polls
     ``ni.cancel.cancelled``, blocks on ``ni.cancel.wait(...)`` or registers ``with ni.cancel.on_cancel(fn):`` so a
     typed scheduler failure can interrupt it (an executor that ignores it still works; it is waited for). It is
     not data: no key folds it."""

@@ -1,54 +1,20 @@
 """Plan files: the YAML plan format (README "Running plans"), and the executor that runs its nodes.
 
-::
-
-    plan: release-1.4              # plan id
-    flow: ci/release
-    approval: required             # kept as declared data (the control plane enforces it)
-    envelope: {capabilities: ["deploy:prod"]}
-    nodes:
-      - id: build
-        run: "python -m build --outdir dist"     # shell command, cwd = the sandbox root
-        reads: ["src/**", "pyproject.toml"]
-        writes: ["dist/"]
-      - id: report
-        call: "mypkg.reports:summarise"          # fn(node_input) -> JSON value; `with:` adds keyword arguments
-        inputs: [{ref: build, path: [stdout]}]   # also {pending: id}, {literal: value}, or a bare id (a Ref)
-        needs: [build]                           # ordering-only dependencies (Pending)
-
-Node fields: ``id``, ``run`` | ``call`` (+ ``with``) | ``wait``, ``reads``, ``writes``, ``removes``, ``needs``,
-``inputs``, ``priority``, ``kind`` (step|agent), ``tier`` (sealed|compensable|irreversible), ``boundary``
-(hard|expected), ``conflict`` (serialize|lane|fail), ``runtime`` (delay-rebase|stop-merge), ``nondeterministic``,
-``layers``, ``capabilities``, ``approval``, ``wait``. Top level: ``plan``, ``flow``, ``nodes``, ``approval``,
-``envelope``, ``maximum_plan_nodes``.
-
 Invariants
-- A malformed file is refused with ``PlanError(invalid_plan_file)`` whose message names the file, the line and
-  the field (from YAML node marks), before anything is compiled or written. Errors compile raises (cycle, unknown
-  dependency, duplicate id, bad path, forbidden overlap) are re-raised the same way, located at the node.
-- The file is untrusted input, read in bounded time and memory (``_safe_yaml``): at most 1 MiB, nesting ≤ 128,
-  ≤ 250,000 YAML nodes with aliases counted at their full expansion, duplicate keys and non-string keys refused.
-- Everything that can be checked at load is checked at load, so ``smthrs plan`` / ``smthrs run --key`` refuse a
-  bad file before a card is stored or an idempotency key is spent: ids ≤ ``MAX_ID_CHARS`` characters,
-  ``approval`` ∈ {required, none}, ``maximum_plan_nodes`` lowered at most (never above the library's
-  ``DEFAULT_MAXIMUM_PLAN_NODES``), the full compile, and every node's step-boundary declaration (glob removals,
-  and anything else the boundary cannot honour) — the same ``declaration_of`` the scheduler applies.
-- The node body is what its key folds: ``{"run": cmd}`` or ``{"call": target, "with": {...}}``. The executor
-  reads the action from the body, not from the node id, so a generated merge node (which copies its loser's
-  body) runs the same action.
-- ``run`` commands execute with the sandbox root as cwd and ``SMTHRS_NODE_ID``, ``SMTHRS_ATTEMPT`` and
-  ``SMTHRS_INPUTS`` (JSON of the projected inputs) in the environment; a non-zero exit fails the node. The value is
-  ``{"exit_code": 0, "stdout": ...}`` (stdout decoded as UTF-8, undecodable bytes replaced). The rest of the
-  process environment is inherited and NOT part of the key: declare what matters in the scheduler environment.
-- A ``run`` command is its own process group (a new session), so an interrupted pass (``NodeInput.cancel``) — or
-  an interrupt of the thread waiting for it — kills the command with every process it started, never the shell
-  alone: a typed scheduler failure leaves no orphaned command writing into a sandbox nobody will read. The node
-  then fails with :class:`CommandInterrupted`.
-- ``approval:`` and ``wait:`` are kept as declared data (they enter the key). A node with ``approval:`` is gated
-  by the scheduler before its attempt begins (``PlanScheduler(gate=...)``; the runtime wires the control plane's
-  ``NodeGate``, which parks the run ``waiting-approval`` until the request is decided); a scheduler without a gate
-  fails such a node rather than silently skipping the gate. A ``wait:`` node (``{seconds: N}`` or ``{until: ISO-8601}``, no action) is a durable timer the scheduler
-  runs itself (``timer.py``); its spec is checked here, at load.
+- A malformed file is refused with ``PlanError(invalid_plan_file)`` naming the file, line and field, before
+  anything is compiled or written; compile errors are re-raised the same way, located at the node.
+- The file is untrusted input, read in bounded time and memory (``_safe_yaml``: ≤ 1 MiB, nesting ≤ 128,
+  ≤ 250,000 YAML nodes counting aliases expanded; duplicate and non-string keys refused).
+- Everything checkable at load is checked at load (ids, ``approval``, ``maximum_plan_nodes``, the full compile,
+  every node's boundary declaration), so ``smthrs plan`` / ``run --key`` refuse before a card is stored or an
+  idempotency key spent.
+- The node body is what its key folds (``{"run": cmd}`` or ``{"call": target, "with": {...}}``) and the executor
+  reads the action from it, so a generated merge node runs its loser's action.
+- A ``run`` command runs in the sandbox root as its own process group with ``SMTHRS_NODE_ID``,
+  ``SMTHRS_ATTEMPT`` and ``SMTHRS_INPUTS`` set; an interrupt kills the whole group (:class:`CommandInterrupted`).
+  The inherited environment is NOT part of the key. Its value is ``{"exit_code": 0, "stdout": ...}``.
+- ``approval:`` nodes are gated by the scheduler's gate (a scheduler without one fails them); ``wait:`` nodes are
+  durable timers the scheduler runs itself (``timer.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The plan store: persisted, content-addressed plan generations (``record`` / ``append``); the rows are
 ``records._plans``'s, this module holds the rules (verification, journaling).
 
-Invariants (seed "Drive a plan to completion")
+Invariants
 - Append-only and first writer wins: a generation is stored once under ``(plan_id, digest)`` with only the
   nodes it added and the digest of its parent generation, so earlier nodes are never rewritten and two runs
   that grow a plan identically store one row.

@@ -3,7 +3,7 @@
 A reconciler answers a :class:`Deviation` or a :class:`ConflictCase` with a :data:`Verdict`:
 ``Reorder | FactorOut | Fail``. It is injected into the scheduler's constructor (dependency injection at the
 owning seam; the hooks layer exposes it as a plugin later); :class:`DefaultReconciler` is deterministic, in
-this order of preference (seed "Drive a plan to completion"):
+this order of preference (as the reference requires):
 
 - ``Reorder(depends_on)`` when every deviating path is one that other plan nodes declare they write: a real
   dependency the declaration missed, made explicit (``depends_on`` in plan order).

@@ -2,7 +2,7 @@
 
 It owns identity, admission, caching and journaling, and deliberately nothing about what a node means: turning
 a node into work is the one seam the caller supplies (the executor). Prior art: the reference
-``PlanScheduler`` of ``@smthrs/engine-store`` (seed "Drive a plan to completion"); Bazel's action graph
+``PlanScheduler`` of ``@smthrs/engine-store``; Bazel's action graph
 (content-keyed actions, a single scheduler thread, remote/local executors behind one interface).
 
 Invariants

@@ -5,9 +5,9 @@
 plane's own reads; nothing here writes.
 
 Invariants
-- **Read-only.** Every fact comes from the control plane's stores through their own readers (``control/store.py``
-  point reads, the plan store, the run catalog, the journal's partition discovery); a row that does not decode raises as it does
-  for the CLI (a reviewer must never be shown a guessed card).
+- **Read-only.** Every fact comes from :class:`~smthrs_plugin.control.facade.Control`'s read methods (cards,
+  their compiled plans, approval states, parked runs and their node requests); a row that does not decode raises
+  as it does for the CLI (a reviewer must never be shown a guessed card).
 - **The reviewer sees what the approval pins.** A card's digest, envelope and node graph are the stored card's
   and the stored compiled plan's (the one the card's persisted-plan digest names), never a re-read plan file.
 - **"What changed" compares like with like**: the last APPROVED card of the same plan (same plan name, another
@@ -16,37 +16,27 @@ Invariants
 - Values are data for the page: every string here may be attacker-controlled (plan ids, commands); the page
   inserts them as text only.
 
-Cards are enumerated by the control store's own reads (``undecided_plan_cards_in``, ``last_approved_card_in``),
-so ``pending_items`` costs what is pending, not what was ever planned.
+Cards are enumerated by indexed reads (``Control.undecided_cards``, ``Control.last_approved_card``), so
+``pending_items`` costs what is pending, not what was ever planned.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy.engine import Connection
-
-from ..control import _store as st
-from ..control.approvals import (
-    WAITING_APPROVAL_REASON,
-    Approved,
-    Denied,
-    PendingApproval,
-    gate_spec,
-    state_of,
-)
+from ..control.approvals import Approved, Denied, PendingApproval, gate_spec
 from ..control.facade import Control
 from ..control.identity import JSON
 from ..errors import ControlError
-from ..observe.catalog import RunFilters, list_runs
-from ..plan import Glob, Plan, PlanNode, TreeArtifact
+from ..plan import Glob, PlanNode, TreeArtifact
 from ..plan.model import Pending
+from ..records.control import CardRow
 
 __all__ = ["pending_items", "card_view"]
 
 #: The most cards ``review.pending`` lists (oldest first).
 _MAX_PENDING = 500
-_PARKED = RunFilters(status="suspended", waiting_reason=WAITING_APPROVAL_REASON)
 _RUN_PAGE = 200
 # Node fields compared for "what changed" (in the order the page lists them).
 _COMPARED = (
@@ -89,7 +79,7 @@ def card_view(control: Control, ident: str) -> dict[str, Any]:
     approved card of the same plan. ``ControlError(plan_not_found)`` for an unknown id."""
     if type(ident) is not str or not ident:
         raise ControlError("plan_not_found", "review.card needs the plan id of a card (ident)")
-    row, plan = control.db.read(lambda c: _card_and_plan(control, c, ident))
+    row, plan = control.review_card(ident)
     nodes = [_node_json(n) for n in plan.nodes]
     return {
         "plan_id": row.plan_id,
@@ -109,38 +99,18 @@ def card_view(control: Control, ident: str) -> dict[str, Any]:
 # -- cards ------------------------------------------------------------------------------------------------------
 
 
-def _undecided_cards(control: Control) -> list[st.CardRow]:
+def _undecided_cards(control: Control) -> Sequence[CardRow]:
     """The cards waiting for a plan approval, oldest first (an indexed store read; at most :data:`_MAX_PENDING`:
     a page that lists more than a person can review stays bounded in memory)."""
-    return control.db.read(lambda c: st.undecided_plan_cards_in(c, _MAX_PENDING))
+    return control.undecided_cards(_MAX_PENDING)
 
 
-def _card_and_plan(control: Control, conn: Connection, ident: str) -> tuple[st.CardRow, Plan]:
-    row = st.card_in(conn, ident)
-    if row is None:
-        raise ControlError(
-            "plan_not_found", f"no plan card {ident!r}; run `smthrs plan PLAN.yaml` first", plan_id=ident
-        )
-    plan = control.plans.load_in(conn, row.plan_name, row.plan_digest)
-    if plan is None:
-        raise ControlError(
-            "plan_not_found",
-            f"the compiled plan of card {ident!r} ({row.plan_name} {row.plan_digest}) is not stored; the stores "
-            "are inconsistent — restore them from a backup",
-            plan_id=ident,
-        )
-    return row, plan
+def _plan_state(control: Control, row: CardRow) -> PendingApproval | Approved | Denied | None:
+    state: PendingApproval | Approved | Denied | None = control.plan_state(row.plan_id)
+    return state
 
 
-def _plan_state(control: Control, row: st.CardRow) -> PendingApproval | Approved | Denied | None:
-    def fn(conn: Connection) -> PendingApproval | Approved | Denied | None:
-        token = st.plan_token_in(conn, row.plan_id)
-        return None if token is None else state_of(token, st.decision_in(conn, token.token_id))
-
-    return control.db.read(fn)
-
-
-def _approval_json(row: st.CardRow, state: PendingApproval | Approved | Denied | None) -> dict[str, Any]:
+def _approval_json(row: CardRow, state: PendingApproval | Approved | Denied | None) -> dict[str, Any]:
     """``{required, state: pending|approved|denied|not-required, principal?, scope?, decided_at?}``."""
     if state is None:
         return {"required": row.gated, "state": "not-required"}
@@ -196,12 +166,12 @@ def _node_json(n: PlanNode) -> dict[str, Any]:
 # -- what changed ------------------------------------------------------------------------------------------------
 
 
-def _previous(control: Control, row: st.CardRow, nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _previous(control: Control, row: CardRow, nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The last approved card of the same plan name with another digest, and the differences from it."""
-    prev = control.db.read(lambda c: st.last_approved_card_in(c, row.plan_name, row.card.digest))
+    prev = control.last_approved_card(row.plan_name, row.card.digest)
     if prev is None:
         return None
-    _, prev_plan = control.db.read(lambda c: _card_and_plan(control, c, prev.plan_id))
+    _, prev_plan = control.review_card(prev.plan_id)
     before = {n["id"]: n for n in (_node_json(p) for p in prev_plan.nodes)}
     after = {n["id"]: n for n in nodes}
     changed: list[dict[str, JSON]] = []
@@ -233,7 +203,7 @@ def _pending_requests(control: Control) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
-        page = list_runs(control.db, _PARKED, cursor=cursor, limit=_RUN_PAGE)
+        page = control.runs_awaiting_approval(cursor=cursor, limit=_RUN_PAGE)
         for run in page.runs:
             out.extend(_run_requests(control, run.run_id))
         cursor = page.cursor
@@ -242,7 +212,7 @@ def _pending_requests(control: Control) -> list[dict[str, Any]]:
 
 
 def _run_requests(control: Control, run_id: str) -> list[dict[str, Any]]:
-    tokens = control.db.read(lambda c: st.run_tokens_in(c, run_id))
+    tokens = control.node_requests(run_id)
     pending = [t for t, d in tokens if d is None]
     if not pending:
         return []

@@ -4,7 +4,7 @@ Invariants
 - **One shape per verb, whichever door it came through.** A JSON-RPC result is the object the CLI prints for the
   same verb with ``--json`` (README "JSON output"): our own fields snake_case and always present (null when they do
   not apply), the nested ``receipt`` in the receipts' wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``)
-  plus ``type``. The CLI prints the very objects built here (``cli/_control_support.answer``: ``cli`` may import
+  plus ``type``. The CLI prints the very objects built here (``cli/control_support.answer``: ``cli`` may import
   ``serve``, never the reverse), so the two doors cannot drift apart.
 - **Caller JSON text is parsed by the one bounded decoder** (``_untrusted.decode_json``): strict UTF-8, one meaning
   per document (a duplicate member name is refused: ``{"ident": A, "ident": B}`` must not approve B here and mean

@@ -4,7 +4,7 @@ Invariant: every catalog page is an ordered walk of ONE index in ``(created_at_m
 ``limit + 1`` matches; no query sorts the run history. Each equality filter has an index whose suffix is
 ``(created_at_ms, run_id)``, so filtering by it is a seek plus an ordered range scan; combinations walk the index of
 one of their predicates and check the others on the rows they visit (see ``observe/catalog.py`` for the EXPLAIN
-plans on both backends and why the seed's 32 subset indexes are not needed here).
+plans on both backends and why the reference's 32 subset indexes are not needed here).
 
 Declared on :data:`~smthrs_plugin.stores.schema.metadata` through the ``runs`` table, so the migrated-schema diff
 test covers them.

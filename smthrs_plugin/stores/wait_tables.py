@@ -6,7 +6,7 @@ migrated-schema diff test covers them.
 Invariants:
 
 - Both are addressed by ``(flow, execution_id, name)``: the flow name, the run id and a name unique within that
-  run (seed 004, "Two durable primitives"). A row is written once (first writer wins); only its completion /
+  run. A row is written once (first writer wins); only its completion /
   consumption columns move afterwards, and only from NULL to a value.
 - ``deferred_completions.value_json`` is the canonical JSON the resumed run receives; ``consumed_at_ms`` is set
   (by the owner, fenced) BEFORE the value is served, so registration-time recovery skips completions a run

@@ -1,4 +1,4 @@
-"""A sandbox tree as content of the artifact store (boundary/transfer.py, issue 17): what remote execution ships to
+"""A sandbox tree as content of the artifact store (boundary/transfer.py): what remote execution ships to
 a worker and what comes back. Real files, a real ``file://`` store and moto's real S3 server where the store's
 behaviour matters (verified reads, a blob deleted or replaced behind the store's back).
 

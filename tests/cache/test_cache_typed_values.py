@@ -1,4 +1,4 @@
-"""Typed step results through the dispatch seam (issue 20): stored encoded by the value codecs, decoded on a hit to an
+"""Typed step results through the dispatch seam: stored encoded by the value codecs, decoded on a hit to an
 equal value of the same type, on every shared-tier backend; large payloads live in the CAS; a value the reader cannot
 decode is never served."""
 

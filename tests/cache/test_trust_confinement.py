@@ -1,4 +1,4 @@
-"""A hit touches only what the current request declares; modes are normalised (issue 13, part A).
+"""A hit touches only what the current request declares; modes are normalised.
 
 Every attack is written as an attacker with write access to a cache tier and the source would do it: machine A
 builds and publishes an honest entry, the attacker rewrites its evidence and recomputes the unkeyed

@@ -1,4 +1,4 @@
-"""Publisher trust of the shared tier (issue 13): signed entries, quarantine that never blocks, revocation seen by
+"""Publisher trust of the shared tier: signed entries, quarantine that never blocks, revocation seen by
 every reader, size caps, keygen — each attack built on "machine A", tampered as a bucket writer would, run on a
 fresh "machine B", then a third machine gets a genuine clean hit. On file://, memory:// and s3:// (moto)."""
 

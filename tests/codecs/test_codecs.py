@@ -1,4 +1,4 @@
-"""The value codecs (issue 20): round trips, key stability, refusals, and poisoned documents that never run code."""
+"""The value codecs: round trips, key stability, refusals, and poisoned documents that never run code."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The optional-extras codecs (numpy, pyarrow, pandas): round trips, the documented key-stability rule, refusals,
-poisoned payloads, large values through the blob sink, and digest reuse for decoded values (issue 20)."""
+poisoned payloads, large values through the blob sink, and digest reuse for decoded values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decoded frames keep their stored digest when they cross a process (issue 20, item 3): a process pool or a Dask
+"""Decoded frames keep their stored digest when they cross a process: a process pool or a Dask
 cluster pickles every value it moves, and the receiving process keys the value without hashing it again — but only
 when the sender could still vouch for it (unchanged since decoding), and nothing else about pickling changes."""
 

@@ -1,4 +1,4 @@
-"""Hostile and mistaken command-line input is refused with the right exit code (issue 14): a forged cursor whose
+"""Hostile and mistaken command-line input is refused with the right exit code: a forged cursor whose
 integers overflow is ``invalid_cursor`` (exit 2), never a traceback; an unknown run is exit 2 for every command; a
 bogus ``--scope`` is refused input (exit 2), not "unauthorized"; a ``deny`` — and a retried run it failed — exits 3
 on every identical retry. In-process through the real typer app, on SQLite workspaces."""

@@ -1,4 +1,4 @@
-"""control/_cards.py: envelopes compared by canonical bytes, the plan card digest, and the approval payload."""
+"""Plan cards (smthrs_plugin._control_cards): envelopes compared by canonical bytes, the plan card digest, and the approval payload."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from smthrs_plugin._control_cards import check_envelope, check_plan_digest, envelope_matches
 from smthrs_plugin.canonical import canonical_bytes
 from smthrs_plugin.control import CardNode, Envelope, PlanApproval, PlanCard
-from smthrs_plugin.control._cards import check_envelope, check_plan_digest, envelope_matches
 from smthrs_plugin.errors import ControlError, InvalidInput
 
 PLAN_DIGEST = "ab" * 32

@@ -188,7 +188,7 @@ def test_the_ci_gate_example_script_plays_the_whole_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deny_and_cancel_through_the_cli(cli: Cli) -> None:
     code, card = cli("plan", "build.yaml")
-    # Issue 14: a deny exits 3 ("denied") every time — the first call and each identical retry alike.
+    # A deny exits 3 ("denied") every time — the first call and each identical retry alike.
     for _ in range(3):
         code, denied = cli("deny", card["plan_id"])
         assert code == 3 and denied["receipt"]["_tag"] in ("Accepted", "AlreadyApplied")

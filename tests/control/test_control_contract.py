@@ -1,6 +1,6 @@
 """The control-plane contract, on SQLite and PostgreSQL: every receipt (Accepted, AlreadyApplied, Parked, Conflict,
 Terminal) and every refusal (Unauthorized, PlanNotFound, PlanDenied, PlanDigestMismatch, EnvelopeMismatch,
-AlreadyResolved, RunNotFound, InvalidInput) of ``Control`` (seeds/001)."""
+AlreadyResolved, RunNotFound, InvalidInput) of ``Control``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from _control_support import RecordingLauncher, count, journal_types, release_plan
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.control._cards import Envelope
+from smthrs_plugin.control import Envelope
 from smthrs_plugin.control.approvals import Approved, Denied, PendingApproval
 from smthrs_plugin.control.authority import (
     AuthorityRequest,

@@ -1,8 +1,8 @@
 """The retry path across real process deaths (SIGKILL), on SQLite and PostgreSQL: an admitting process that died
 before launching, and an owner that died mid-run, are both taken over by the next call with the same key — once
-the dead owner's lease expired (seed 004: liveness, here the same-host pid probe, is consulted only for an expired
-lease; issue 14 removed the probe's earlier steal). The retry waits for that expiry (``follow``, the CLI's retry
-loop) with the stale window shortened to 1 s; nothing here asserts elapsed time."""
+the dead owner's lease expired (liveness, here the same-host pid probe, is consulted only for an expired lease).
+The retry waits for that expiry (``follow``, the CLI's retry loop) with the stale window shortened to 1 s; nothing
+here asserts elapsed time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The control plane's run lifecycle entries, on SQLite and PostgreSQL (seeds/001 "What the plane writes",
-"Versioned lifecycle and approval producer contract"): ``control.run.accepted`` then ``pending`` (no launcher
+"""The control plane's run lifecycle entries, on SQLite and PostgreSQL (the reference's versioned lifecycle and
+approval producer contract): ``control.run.accepted`` then ``pending`` (no launcher
 took the launch), ``running`` (the executor activated it), ``completed``/``failed``/``cancelled`` (settlement),
 each carrying ``{factVersion: 1, baseline, run}`` with ``run`` the run's summary (camelCase members, control
 statuses: ``accepted`` for an admitted run not yet driven) as that transaction left it; a transition

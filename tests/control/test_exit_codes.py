@@ -1,4 +1,4 @@
-"""The one exit-code table (``smthrs_plugin/cli/exits.py``, issue 14), walked over EVERY operation × receipt ×
+"""The one exit-code table (``smthrs_plugin/cli/exits.py``), walked over EVERY operation × receipt ×
 run status × waiting reason × recorded decision, against the rules CI pipelines rely on — and a check that no
 command keeps exit codes of its own.
 

@@ -1,7 +1,7 @@
-"""A retry finishes the job or says why it cannot (issue 14), through the REAL ``smthrs`` command line and real
+"""A retry finishes the job or says why it cannot, through the REAL ``smthrs`` command line and real
 signals: a ``smthrs run plan.yaml --key K`` whose process group was SIGKILLed inside a ``wait:`` node or inside a
 slow ``run:`` node is retried at once with the same command. The retry never exits 0 before the run completed: it
-waits for the dead owner's lease to expire (the seed's 30 s, shortened here with ``SMTHRS_STALE_AFTER_S``), takes
+waits for the dead owner's lease to expire (30 s by default, shortened here with ``SMTHRS_STALE_AFTER_S``), takes
 the run over and drives it to its end (exit 0, every node settled). While the owner is alive (SIGSTOPped, then
 SIGCONTed) ``--no-wait`` exits 75 naming it, and a waiting retry follows the run until it settles.
 
@@ -170,7 +170,7 @@ def _steals(db: Database, run_id: str) -> list[Any]:
 def _assert_stolen_at_lease_expiry(db: Database, run_id: str, stale_after_s: float) -> None:
     (steal,) = _steals(db, run_id)
     assert steal.payload["evidence"] == "lease-expired"
-    # Never earlier than the seed's rule: the stolen lease was at least stale_after old when it was stolen.
+    # Never earlier than the reference's rule: the stolen lease was at least stale_after old when it was stolen.
     assert steal.created_at_ms - int(steal.payload["lease"]) >= int(stale_after_s * 1000)
 
 

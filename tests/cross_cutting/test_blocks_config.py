@@ -1,4 +1,4 @@
-"""Prefect blocks as configuration, the parts that never reach Prefect (issue 19 item 2).
+"""Prefect blocks as configuration, the parts that never reach Prefect.
 
 Naming a block must not make smthrs import Prefect until a store is actually opened from it: ``import
 smthrs_plugin``, ``smthrs --help``, loading settings and an explicit URL that overrides the block stay Prefect-free.

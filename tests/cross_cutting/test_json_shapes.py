@@ -1,6 +1,6 @@
-"""One JSON vocabulary for every ``--json`` output (issue 14): our own fields are snake_case and every command's
+"""One JSON vocabulary for every ``--json`` output: our own fields are snake_case and every command's
 top-level keys are pinned here (the README's "JSON output" table states the same shapes). Nested objects whose wire
-form a seed fixes keep the seed's spelling: the ``receipt`` (``_tag``, ``receiptId``, ``runId``, ``planId``) and
+form the reference fixes keep its spelling: the ``receipt`` (``_tag``, ``receiptId``, ``runId``, ``planId``) and
 the plan ``card`` (``planId``, ``flowId`` ...). A CI script written against one command works against the others.
 
 In-process through the real typer app, on a SQLite workspace."""
@@ -83,7 +83,7 @@ def test_every_command_prints_its_pinned_snake_case_top_level_keys(ws: Path) -> 
     code, card = smthrs(ws, "plan", "shapes.yaml")
     assert code == 0
     _shape("plan", card)
-    assert card["card"]["planId"] == card["plan_id"]  # the seed's wire form, nested
+    assert card["card"]["planId"] == card["plan_id"]  # the reference's wire form, nested
 
     code, out = smthrs(ws, "run", "shapes.yaml", "--key", "k")
     assert code == 75 and out["receipt"]["_tag"] == "Parked"

@@ -1,4 +1,4 @@
-"""Prefect's ephemeral server startup budget (issue 14 item 6): 180 s unless the user chose one — an explicit
+"""Prefect's ephemeral server startup budget: 180 s unless the user chose one — an explicit
 setting (environment variable or prefect.toml) always wins — and a start that still times out is a typed
 ``SchedulerError(prefect_unavailable)`` naming the setting and ``PREFECT_API_URL``, never Prefect's bare
 RuntimeError. Each case runs in a fresh interpreter with a fresh PREFECT_HOME and no PREFECT_API_URL (Prefect reads

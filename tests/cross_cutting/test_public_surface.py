@@ -100,6 +100,7 @@ CONTROL = [
     "Delegation",
     "Denied",
     "Envelope",
+    "Held",
     "LOCAL_OPERATOR",
     "Mutation",
     "NodeTarget",
@@ -114,6 +115,7 @@ CONTROL = [
     "TokenState",
     "Unauthorized",
     "decide_replay",
+    "follow",
     "receipt_from_dict",
 ]
 

@@ -1,4 +1,4 @@
-"""One wiring point (issue #15 item 3): ``open_runtime`` is the only place that constructs run drivers, the cache
+"""One wiring point: ``open_runtime`` is the only place that constructs run drivers, the cache
 dispatch seam, the control plane and the cache tiers; the CLI, the hosts and ``smthrs serve`` take them from a
 runtime, so they all share its owner, journal, waits, liveness check, metrics and publisher trust."""
 

@@ -1,4 +1,4 @@
-"""The ``smthrs_value_codecs`` hook (issue 20): a third-party codec (examples/third_party_plugin's ``Money``) is merged
+"""The ``smthrs_value_codecs`` hook: a third-party codec (examples/third_party_plugin's ``Money``) is merged
 into the runtime's registry after the built-ins, keys ``@step``-style arguments and stores/serves cached results."""
 
 from __future__ import annotations

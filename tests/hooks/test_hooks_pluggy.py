@@ -1,4 +1,4 @@
-"""Hooks are called through pluggy's own caller (issue #15 item 4): a plugin written as pluggy documents it —
+"""Hooks are called through pluggy's own caller: a plugin written as pluggy documents it —
 hook wrappers (``wrapper=True`` and old-style ``hookwrapper=True``), ``tryfirst``, ``firstresult``, hook-call
 monitoring and tracing — behaves as documented, while an invalid answer is still a typed ``PluginError`` naming
 its plugin and a raising observer never silences the others. Real plugin managers, real SQLite runtimes."""

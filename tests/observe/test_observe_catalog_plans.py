@@ -1,6 +1,6 @@
 """The catalog's query plans: no filter combination sorts the run history (EXPLAIN on SQLite and PostgreSQL).
 
-Six indexes instead of the seed's 32 (see ``observe/catalog.py``): every one of the 32 subsets of the five
+Six indexes instead of the reference's 32 (see ``observe/catalog.py``): every one of the 32 subsets of the five
 equality predicates, with and without a cursor, must still walk an index in ``(created_at_ms, run_id)`` order; the
 effective-parent filter may sort, but only the candidates read from that parent's spawn edges and column.
 """

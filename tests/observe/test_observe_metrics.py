@@ -327,7 +327,7 @@ def test_exit_tag_classifies_success_failure_and_interrupt_only_causes() -> None
 
 @pytest.mark.skipif(not hasattr(builtins, "BaseExceptionGroup"), reason="exception groups need Python 3.11")
 def test_an_exception_group_is_an_interrupt_only_when_every_leaf_is() -> None:
-    # The seed's Cause.hasInterruptsOnly.
+    # The reference's Cause.hasInterruptsOnly.
     group = builtins.BaseExceptionGroup
     only_interrupts = group("g", [KeyboardInterrupt(), group("h", [SystemExit()])])
     mixed = group("g", [KeyboardInterrupt(), ValueError("x")])

@@ -1,5 +1,5 @@
-"""Reserved top-level directories (``.smthrs/``, ``.git/``, ``.venv/``) are never declared written or removed
-(issue 13): refused with ``PlanError(invalid_effects)`` naming the path by ``Declaration``, at plan compile and
+"""Reserved top-level directories (``.smthrs/``, ``.git/``, ``.venv/``) are never declared written or removed:
+refused with ``PlanError(invalid_effects)`` naming the path by ``Declaration``, at plan compile and
 when ``@step`` decorates — before anything runs. Reading them stays allowed."""
 
 from __future__ import annotations

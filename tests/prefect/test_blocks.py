@@ -1,4 +1,4 @@
-"""Prefect blocks as configuration (issue 19 item 2), against the session's real Prefect server and moto's real S3.
+"""Prefect blocks as configuration, against the session's real Prefect server and moto's real S3.
 
 ``SMTHRS_ARTIFACTS_BLOCK`` / ``open_runtime(artifacts_block=...)`` build the artifact store (and so the shared cache
 tier) from a saved ``S3Bucket`` + ``AwsCredentials``; ``SMTHRS_CACHE_SIGNING_KEY_BLOCK`` reads the publisher key

@@ -1,4 +1,4 @@
-"""Deployed durable flows resume through Prefect (issue 19, item 1): a flow served by ``flow.serve`` in a subprocess,
+"""Deployed durable flows resume through Prefect: a flow served by ``flow.serve`` in a subprocess,
 started with ``run_deployment``, parks under ``SMTHRS_WAIT_BUDGET_S=0`` — on a timer (Prefect shows it Scheduled at
 the stored deadline), an approval or a ``wait_for`` (Paused) — and Prefect's own runner executes the SAME flow run
 again, bound to the SAME smthrs run: no ``smthrs worker`` runs anywhere. Approvals (the real CLI) and

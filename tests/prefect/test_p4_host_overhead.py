@@ -1,4 +1,4 @@
-"""The Prefect host adds one task run per node and nothing else (issue #16, P4): the outcome is read from the
+"""The Prefect host adds one task run per node and nothing else: the outcome is read from the
 finished state in memory, a node's task run has no ``wait_for`` edges, and what users see stays whole — every
 node's task run, its ``smthrs.node.*`` event and its duration in the Report artifact, even for the node that
 settles last (its event is sent after the coordinator already had its outcome)."""

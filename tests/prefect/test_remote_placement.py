@@ -1,4 +1,4 @@
-"""Where node and step bodies run (prefect/_remote.py, issue 17): the placement decision from the flow's task runner
+"""Where node and step bodies run (prefect/_remote.py): the placement decision from the flow's task runner
 and the ``execution`` choice, the refusal of a store workers cannot reach, the settings that carry the choice,
 errors that cross a process boundary intact, the worker side of a body (``_run_body``) and the coordinator side
 (``RemoteTarget.run``: ship, retry once on a missing input, apply the delta).

@@ -1,5 +1,5 @@
 """Remote workers that share only S3 (and the database's owner, the coordinator) with the flow: plan nodes and
-``@sp.step`` calls run on Dask worker processes that CANNOT SEE THE WORKSPACE (issue 17).
+``@sp.step`` calls run on Dask worker processes that CANNOT SEE THE WORKSPACE.
 
 The cluster is real: a ``dask scheduler`` and two ``dask worker`` processes (``examples/_hidden_cluster.py``) in a
 mount namespace of their own where an empty, read-only tmpfs covers the directory every workspace of this module

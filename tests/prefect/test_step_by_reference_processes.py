@@ -1,4 +1,4 @@
-"""A cached DataFrame handed from one step to another keys on its stored digest on EVERY host (issue 20, item 3):
+"""A cached DataFrame handed from one step to another keys on its stored digest on EVERY host:
 a Prefect process pool and a Dask cluster of worker processes pickle the frame between processes, and the consumer
 step (sync or async) is keyed without hashing it again. Real processes; every hashing of a frame's canonical stream, in any
 process, is logged through a ``sitecustomize`` the test puts on the children's path."""

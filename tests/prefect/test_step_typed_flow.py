@@ -1,6 +1,6 @@
 """Typed values through real Prefect flow runs (the session's server, a ``ThreadPoolTaskRunner``): async steps taking
 a pydantic model and returning a DataFrame, ``.map`` over dates and models, a DataFrame handed from one step to
-another by reference, and a value no codec handles refused naming its argument and the hook (issue 20)."""
+another by reference, and a value no codec handles refused naming its argument and the hook."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile plan files (issue 14, item 3): refused at load with ``invalid_plan_file`` naming line and field, exit 2,
+"""Hostile plan files: refused at load with ``invalid_plan_file`` naming line and field, exit 2,
 in bounded memory, before any idempotency key is spent.
 
 The CLI cases run the real ``smthrs`` entry point in a subprocess under an address-space limit (``RLIMIT_AS``, set

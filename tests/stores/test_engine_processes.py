@@ -223,7 +223,7 @@ def test_a_sigkilled_owner_is_reclaimed_by_a_same_host_pid_probe_at_its_lease_ex
     assert type(claimant.claim("killed")).__name__ == "HeartbeatFresh"  # alive and pulsing
     owner_proc.p.send_signal(signal.SIGKILL)
     owner_proc.p.wait()
-    # Issue 14 / seed 004: the probe is consulted only once the lease expired — a dead pid under a fresh lease is
+    # The probe is consulted only once the lease expired — a dead pid under a fresh lease is
     # not stolen early. A manual clock (from now) stands for the 30 s of waiting.
     clock = ManualClock(start_ms=SystemClock().now_ms())
     claimant = Ownership(db, owner=claimant.owner, liveness=SameHostPidProbe(), clock=clock)

@@ -1,9 +1,10 @@
 """Driving runs: claim -> activate -> run the flow's code -> exactly one durable transition that ends the drive.
 
-Invariant: every drive of a run — direct, a fired clock, a woken, released or stolen run, a cancellation — goes
-through the ownership arbiter and ends in one transition (``_active_run``: completed, failed, cancelled, parked
-or released). ``_driver`` (:class:`RunDriver`) registers flows and performs the sweeps (``_sweeps``) that re-drive
-runs nobody is driving.
+Invariant: every drive of a run — direct, a fired clock, a woken, released or stolen run, a cancellation, a
+scheduler pass driving its own run — holds a run lease (``engine/lease.py``: claimed through the ownership
+arbiter) and ends in one transition (completed, failed, cancelled, parked or released). ``driver``
+(:class:`RunDriver`) registers flows and performs the sweeps (``_sweeps``) that re-drive runs nobody is driving;
+``pass_lifecycle`` (:class:`PassLifecycle`) is the scheduler's run lifecycle.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .active_run import (
     error_json,
 )
 from .driver import FlowFn, Registration, RunDriver, TickReport
+from .pass_lifecycle import PassLifecycle
 
 __all__ = [
     "ActiveRun",
@@ -41,6 +43,7 @@ __all__ = [
     "FlowFn",
     "FlowOutcome",
     "FlowParked",
+    "PassLifecycle",
     "Registration",
     "RetryPolicy",
     "RunDriver",

@@ -10,11 +10,11 @@ Invariants:
   runs with one (admitted, never started) — of ANY flow: cancelling needs no flow code.
 - **Runnable candidates**: runs of the flows this process registered that any driver may claim now: parked
   ``released`` (a shutdown or lapsed lease gave them back) and ``pending`` (created, or woken by a timer or a
-  deferred). Stale ``running`` rows are the stale sweep's (``stale_sweep.py``).
+  deferred). Stale ``running`` rows are the stale sweep's (``ownership/stale_sweep.py``).
 - **Clock fires** retry with capped exponential backoff, forever by default (100 ms doubling to 30 s): a fire
   that fails transiently is never lost until a restart.
 
-Prior art: the reference driver's three sweeps on the heartbeat cadence and ``clockFireRetryPolicy`` (seed 004).
+Prior art: a driver's three sweeps on the heartbeat cadence with a clock-fire retry policy.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ plus the sweeps and clock fires that re-drive runs nobody is driving.
 Invariants:
 
 - **One path.** Every drive — a direct :meth:`RunDriver.drive`, a fired clock, a woken or released run, a stale
-  run stolen from a dead owner, a cancellation — goes through the ordinary claim/steal/activate arbitration
-  (``ownership/_arbiter.py``) and ends in exactly one durable transition (``active_run.py``). A process never drives the
-  same run twice at once.
+  run stolen from a dead owner, a cancellation — holds a run lease (``engine/lease.py``: the ordinary
+  claim/steal/activate arbitration of ``ownership/arbiter.py``) and ends in exactly one durable transition. A
+  process never drives the same run twice at once.
 - **Registry.** ``register(flow, fn)`` maps a flow name to ``fn(ctx) -> value | FlowCompleted | FlowFailed |
   FlowParked`` (or raising). Registration does its own recovery: it re-arms the flow's pending clocks
   (``pending_clocks``) and wakes runs parked on a completion that arrived while nothing was listening
@@ -17,15 +17,16 @@ Invariants:
 - **Sweeps** run on the heartbeat cadence (``tick``): clock fires (due clocks of registered flows, retried
   100 ms doubling to 30 s, forever, by default), (1) parked and pending runs with a cancellation request,
   (2) runs parked ``released`` and pending runs of registered flows, (3) stale ``running`` rows (64 per tick,
-  oldest heartbeat first, refusal backoff: ``stale_sweep.py``). In between, the loop sleeps until the earliest
-  deadline this process knows of, so a clock armed here fires at its deadline rather than at the next tick.
+  oldest heartbeat first, refusal backoff: ``ownership/stale_sweep.py``). In between, the loop sleeps until the
+  earliest deadline this process knows of, so a clock armed here fires at its deadline rather than at the next
+  tick.
 - **Shutdown releases, never cancels.** :meth:`RunDriver.stop` interrupts the runs it drives with ``shutdown``
   (their waits raise ``RunReleased``), waits a grace period, then releases whatever is still running; every run
   ends ``suspended``/``released`` (claimable at once by any driver), never ``cancelled``.
 - Background drives run on daemon threads (at most ``max_runs`` at once), so a flow stuck in a computation cannot
   keep a stopping process alive; its later writes are fenced off once its run is released.
 
-Prior art: the reference ``RunDriver`` (seed 004), Temporal workers (poll, lease, heartbeat, timers).
+Prior art: Temporal workers (poll, lease, heartbeat, timers).
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from ..._clock import SYSTEM_CLOCK, Clock
 from ..._metrics import NULL_METRICS, MetricsPort
-from ..._metrics import ClaimDecision as ClaimTag
 from ...errors import FenceLost, StoreError, WaitError
 from ...records.journal import Journal
 from ...records.runs import Created, Existing, OwnerId, RunStore
@@ -48,20 +48,23 @@ from ...records.waits import WaitStore
 from ...settings import Settings, load_settings
 from ...stores.database import Database
 from ..context import DEFAULT_BUS, RunCancelled, RunContext, RunParked, RunReleased
-from ..ownership.arbiter import Activated, ClaimLost, Ownership
-from ..ownership.liveness import LivenessCheck
-from ..ownership.stale_sweep import STALE_SWEEP_BATCH, StaleSweep, SweepTick
-from ..waits.wakebus import WakeBus
-from ._sweeps import SWEEP_BATCH, RetryPolicy, cancel_candidates, runnable_candidates
-from .active_run import (
-    ActiveRun,
+from ..lease import (
+    EXISTING,
     DriveLost,
     DriveNotClaimed,
     DriveOutcome,
     DriveParked,
     DriveReleased,
     DriveUnregistered,
+    Refused,
+    RunLease,
+    acquire,
 )
+from ..ownership.arbiter import Activated, ClaimLost, Ownership
+from ..ownership.liveness import LivenessCheck
+from ..ownership.stale_sweep import STALE_SWEEP_BATCH, StaleSweep, SweepTick
+from ..waits.wakebus import WakeBus
+from ._sweeps import SWEEP_BATCH, RetryPolicy, cancel_candidates, runnable_candidates
 
 __all__ = ["RunDriver", "FlowFn", "Registration", "TickReport", "RetryPolicy"]
 
@@ -146,7 +149,7 @@ class RunDriver:
         self._registry: dict[str, FlowFn] = {}
         self._lock = threading.RLock()
         self._claimed: set[str] = set()  # runs this process is driving (or about to)
-        self._active: dict[str, ActiveRun] = {}
+        self._active: dict[str, RunLease] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._warned: set[str] = set()
         self._skip: set[str] = set()  # runs this process gave back as undrivable: its sweeps leave them alone
@@ -227,35 +230,46 @@ class RunDriver:
             if fn is None and record.cancel_requested_at_ms is None:
                 self._warn_unregistered(run_id, flow)
                 return DriveUnregistered(run_id, flow)
-            decision = self.ownership.claim(run_id)
-            self.metrics.claim_decision(cast(ClaimTag, type(decision).__name__))
-            if not isinstance(decision, Activated):
-                return DriveNotClaimed(run_id, decision)
-            activated = decision
+            claimed = acquire(
+                run_id,
+                flow,
+                EXISTING,
+                ownership=self.ownership,
+                runs=self.runs,
+                waits=self.waits,
+                metrics=self.metrics,
+                budget_s=self.budget_s,
+                poll_s=self.poll_s,
+                bus=self.bus,
+            )
+            if isinstance(claimed, Refused):
+                return DriveNotClaimed(run_id, claimed.decision)
+            lease = claimed
         else:
             record = self.runs.get(run_id)
             if record is None:
                 return DriveLost(run_id, "the run was deleted")
-            flow = record.flow
-        active = ActiveRun(
-            activated,
-            flow,
-            ownership=self.ownership,
-            runs=self.runs,
-            waits=self.waits,
-            budget_s=self.budget_s,
-            poll_s=self.poll_s,
-            bus=self.bus,
-        )
+            # The stale sweep stole it through the arbiter already: hold what it activated.
+            lease = RunLease(
+                activated,
+                record.flow,
+                ownership=self.ownership,
+                runs=self.runs,
+                waits=self.waits,
+                budget_s=self.budget_s,
+                poll_s=self.poll_s,
+                bus=self.bus,
+            )
         with self._lock:
-            self._active[run_id] = active
+            self._active[run_id] = lease
         try:
-            return self._execute(active)
+            with lease:
+                return self._execute(lease)
         finally:
             with self._lock:
                 self._active.pop(run_id, None)
 
-    def _execute(self, active: ActiveRun) -> DriveOutcome:
+    def _execute(self, active: RunLease) -> DriveOutcome:
         run_id, flow = active.run_id, active.flow
         if active.cancel_requested:
             return self._after(

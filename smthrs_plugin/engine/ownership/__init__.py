@@ -1,10 +1,10 @@
 """Run ownership: who may write a run, and taking it from an owner that died.
 
-Invariant: a run is driven by at most one owner incarnation at a time. ``_arbiter`` (:class:`Ownership`) decides
+Invariant: a run is driven by at most one owner incarnation at a time. ``arbiter`` (:class:`Ownership`) decides
 claims, activations and steals inside one write transaction each and fences every write through the runs owner
-(``records._runs.assert_owner``); ``_liveness`` supplies the evidence a steal needs (a lease older than 30 s, and
-optionally a dead same-host pid); ``_heartbeat`` renews the lease every second and interrupts its owner when it
-must stop; ``_stale_sweep`` finds runs whose owner stopped heartbeating. Prior art: Temporal's fencing of
+(``records.runs.assert_owner``); ``liveness`` supplies the evidence a steal needs (a lease older than 30 s, and
+optionally a dead same-host pid); ``heartbeat`` renews the lease every second and interrupts its owner when it
+must stop; ``stale_sweep`` finds runs whose owner stopped heartbeating. Prior art: Temporal's fencing of
 workflow tasks, DBOS's recovery of pending workflows.
 """
 

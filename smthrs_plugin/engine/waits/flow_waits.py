@@ -26,7 +26,7 @@ Invariants:
   exception that would read as "the answer was not recorded". Core code never picks the waker: the composition
   root injects it (``Control(waker=...)``; :func:`set_default_host_waker` for ``complete`` called without one).
 
-Prior art: Temporal's ``workflow.sleep`` / signals, the reference driver's deferreds and clocks (seed 004).
+Prior art: Temporal's ``workflow.sleep`` / signals, the reference driver's deferreds and clocks.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The wake bus: an in-process, edge-triggered signal that lets a parked waiter re-check durable state now
-instead of at its next poll (seed: "The wake bus makes the common case fast").
+instead of at its next poll: the wake bus makes the common case fast; polling stays the fallback.
 
 Polling the store is the correctness path; the bus only shortens it. Nothing here is durable: a wake with no
 subscriber is dropped (``Dropped``), and cross-process delivery stays store-driven. Threads, not asyncio

@@ -1,11 +1,14 @@
 """Plan cards and envelopes: the reviewable value a plan approval pins. PURE (no I/O).
 
+It sits at the root, below the stores, because the control records' owner (``records.control``) decodes stored
+cards, tokens and grants into these types; callers import them from ``smthrs_plugin.control``.
+
 Invariants
 - ``PlanCard.digest`` is plain hex SHA-256 of canonical ``{flowId, input, envelope, deployClass, persistedPlan}``
   where ``persistedPlan`` is the persisted plan's digest or ``null``. The node
   graph is pinned *through* the persisted plan digest (which covers every node's id, kind, key and
   dependencies), so a card that lists nodes must carry that digest: "approve this flow with this input" and
-  "approve this graph of keyed work" are different promises (seeds/001 "What the card pins"). A card is always
+  "approve this graph of keyed work" are different promises. A card is always
   built from its parts and its digest recomputed; a stored card whose digest no longer matches its content is
   refused (``plan_digest_mismatch``), never trusted.
 - An :class:`Envelope` is the authority being granted (capabilities, collaborator flows, budget, placement).
@@ -21,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..canonical import canonical_bytes, sha256_hex
-from ..errors import ControlError
-from .identity import JSON, check_text, decode_input, refuse, type_name
+from ._control_identity import JSON, check_text, decode_input, refuse, type_name
+from .canonical import canonical_bytes, sha256_hex
+from .errors import ControlError
 
 __all__ = [
     "Envelope",
