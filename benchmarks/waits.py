@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.engine.drive.driver import RunDriver  # noqa: E402
-from smthrs_plugin.engine.waits.wakebus import NoopWakeBus, WakeBus  # noqa: E402
+from smthrs_plugin.engine.wakebus import NoopWakeBus, WakeBus  # noqa: E402
 from smthrs_plugin.settings import load_settings  # noqa: E402
 from smthrs_plugin.stores.database import open_database  # noqa: E402
 

@@ -45,7 +45,7 @@ from ..errors import FenceLost, WaitError
 from ..records.runs import OwnerId
 from ..records.wait_rows import Wait
 from ..records.waits import WaitStore
-from .waits.wakebus import WakeBus
+from .wakebus import WakeBus
 
 __all__ = [
     "RunContext",

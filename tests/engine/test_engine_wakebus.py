@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from smthrs_plugin.engine.waits.wakebus import (
+from smthrs_plugin.engine.wakebus import (
     Delivered,
     Dropped,
     NoopWakeBus,

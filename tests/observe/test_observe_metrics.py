@@ -532,7 +532,7 @@ import threading
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from smthrs_plugin.observe.metrics import Metrics
-from smthrs_plugin.engine.waits.wakebus import WakeBus
+from smthrs_plugin.engine.wakebus import WakeBus
 
 reader = InMemoryMetricReader()                      # any reader/exporter the host chooses
 metrics = Metrics(MeterProvider(metric_readers=[reader]))

@@ -63,7 +63,7 @@ from ..lease import (
 from ..ownership.arbiter import Activated, ClaimLost, Ownership
 from ..ownership.liveness import LivenessCheck
 from ..ownership.stale_sweep import STALE_SWEEP_BATCH, StaleSweep, SweepTick
-from ..waits.wakebus import WakeBus
+from ..wakebus import WakeBus
 from ._sweeps import SWEEP_BATCH, RetryPolicy, cancel_candidates, runnable_candidates
 
 __all__ = ["RunDriver", "FlowFn", "Registration", "TickReport", "RetryPolicy"]

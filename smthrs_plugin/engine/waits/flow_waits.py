@@ -8,7 +8,7 @@ Invariants:
   only once ``clock.now_ms() >= due_at_ms`` (or the clock was already fired, which happens only at or after its
   deadline).
 - ``wait_for(name)`` subscribes to the wake bus FIRST, then checks the store, then waits (the lost-wakeup rule of
-  ``wakebus.py``): an in-process completion wakes it at once, a completion from another process is seen at the
+  ``engine/wakebus.py``): an in-process completion wakes it at once, a completion from another process is seen at the
   next poll (``poll_s``). The completion is marked consumed (fenced) BEFORE its value is returned.
 - Waiting longer than the run's remaining in-process budget parks the run instead: the wait raises
   :class:`~.context.RunParked` (a ``BaseException``), the driver parks the run (``timer`` with the stored
@@ -46,7 +46,7 @@ from ...records.waits import WaitStore
 from ...settings import load_settings
 from ...stores.database import Database, open_database
 from ..context import DEFAULT_BUS, RunContext, RunParked, check_wait_allowed, current_run, maybe_current_run
-from .wakebus import WakeBus, Woken
+from ..wakebus import WakeBus, Woken
 
 __all__ = [
     "sleep",

@@ -27,7 +27,7 @@ from smthrs_plugin.engine.drive.active_run import (
 )
 from smthrs_plugin.engine.drive.driver import RetryPolicy, RunDriver
 from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
-from smthrs_plugin.engine.waits.wakebus import NoopWakeBus, WakeBus
+from smthrs_plugin.engine.wakebus import NoopWakeBus, WakeBus
 from smthrs_plugin.errors import StoreError, WaitError
 from smthrs_plugin.records.runs import AlreadyTerminal, OwnerId, RunStore
 from smthrs_plugin.records.wait_rows import EventWait, TimerWait, WaitingRun
