@@ -216,8 +216,17 @@ def test_wait_for_inside_a_flow_is_woken_by_a_completion_from_another_thread(
     ws: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def later() -> None:
-        time.sleep(0.5)
-        sp.complete("wf-1", "go", {"ok": 42}, db=db_url)
+        # Complete once the run exists (a completion names an existing run: not_found until the flow run
+        # created it); before or after the flow reaches its wait, the wait returns the value (kept as deferred).
+        deadline = time.monotonic() + 120  # far above the flow run's start, however busy the machine
+        while True:
+            try:
+                sp.complete("wf-1", "go", {"ok": 42}, db=db_url)
+                return
+            except sp.StoreError as exc:
+                if exc.code != "not_found" or time.monotonic() > deadline:
+                    raise
+            threading.Event().wait(0.05)
 
     t = threading.Thread(target=later)
     t.start()
