@@ -23,6 +23,8 @@ import pytest
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.records.journal import Journal
+from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.settings import Settings, load_settings
 from smthrs_plugin.stores.database import Database, open_database
 
 # One temporary directory for the whole session and every process it starts (TMPDIR is inherited), removed at
@@ -125,6 +127,19 @@ def clock() -> ManualClock:
 @pytest.fixture
 def journal(db: Database, clock: ManualClock) -> Journal:
     return Journal(db, clock=clock)
+
+
+@pytest.fixture
+def runs(db: Database, journal: Journal, clock: ManualClock) -> RunStore:
+    return RunStore(db, journal=journal, clock=clock)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """The ownership constants, pinned so a developer's ``SMTHRS_*`` environment cannot change the tests."""
+    return load_settings(
+        stale_after_s=30.0, skew_allowance_s=10.0, heartbeat_interval_s=1.0, host_id="host-a"
+    )
 
 
 @pytest.fixture(scope="session")

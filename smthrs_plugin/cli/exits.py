@@ -29,7 +29,7 @@ code  meaning
 
 The table is total over :data:`OPERATIONS` × :data:`RECEIPTS` × :data:`STATUSES` × :data:`WAITING_REASONS` ×
 :data:`DECISIONS`, and :func:`refusal_exit` over every family and code of ``errors.py``
-(``tests/control/test_exit_codes.py`` walks all of it).
+(``tests/cli/test_exit_codes.py`` walks all of it).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from smthrs_plugin.errors import StoreError
 from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.records.waits import WaitStore
-from smthrs_plugin.settings import Settings, load_settings
+from smthrs_plugin.settings import Settings
 from smthrs_plugin.stores.database import Database
 
 Acquire = Callable[..., RunLease | Refused]
@@ -44,19 +44,6 @@ class _CountedClaims(NullMetrics):
 
     def claim_decision(self, tag: ClaimTag) -> None:
         self.tags.append(tag)
-
-
-@pytest.fixture
-def settings() -> Settings:
-    # The ownership constants, pinned so a developer's SMTHRS_* environment cannot change the tests.
-    return load_settings(
-        stale_after_s=30.0, skew_allowance_s=10.0, heartbeat_interval_s=1.0, host_id="host-a"
-    )
-
-
-@pytest.fixture
-def runs(db: Database, journal: Journal, clock: ManualClock) -> RunStore:
-    return RunStore(db, journal=journal, clock=clock)
 
 
 @pytest.fixture
