@@ -8,15 +8,21 @@ must not pay for Prefect or SQLAlchemy.
 
 Every argument is checked to be UTF-8 text before any command parses it (:class:`_TextArgsGroup`): the one place
 that sees the whole argv, whether it comes from the shell or from a test's runner.
+
+Startup: importing this package loads typer and the command modules only (``import smthrs_plugin`` is lazy, and
+each command module imports the stores, SQLAlchemy, Prefect, fsspec or FastAPI inside the command that needs them),
+so ``smthrs --help``, ``smthrs --version`` and every ``--help`` answer without them
+(``tests/cli/test_cli_startup.py``; ``benchmarks/cli_startup.py`` measures it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
+from .. import __version__
 from ..errors import SmthrsError
 from . import _cache, _control, _plugins, _recover, _run, _runs, _serve, _watch, worker
 from ._common import check_text_args, print_refusal
@@ -37,6 +43,31 @@ class _TextArgsGroup(TyperGroup):
             raise typer.Exit(print_refusal("--json" in args, exc)) from None
         return super().parse_args(ctx, args)
 
+    # typer's rich help gives every option a type column, a flag too (``--json  <bool>``): a flag takes no value,
+    # so its column stays empty. Every command is reached through this root group, so one place covers them all.
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        _flags_without_placeholder(params)
+        return params
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _commands_without_flag_placeholders(command, ctx)
+        return command
+
+
+def _flags_without_placeholder(params: list[Any]) -> None:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # shown in help only: a flag's error messages name its option strings
+
+
+def _commands_without_flag_placeholders(command: Any, ctx: Any) -> None:
+    _flags_without_placeholder(command.get_params(ctx))  # the command's --help option included
+    for sub in getattr(command, "commands", {}).values():
+        _commands_without_flag_placeholders(sub, ctx)
+
 
 app = typer.Typer(
     name="smthrs",
@@ -48,8 +79,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"smthrs {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
     """smthrs — durable execution for Prefect."""
 
 

@@ -115,6 +115,10 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The column names of ``cache ls`` (text only), aligned with its rows; ``created`` is 20 characters (UTC, seconds).
+_LS_HEADER = f"{'TIER':6} {'SCOPE':9} {'SUBJECT':32} {'KEY':21} {'CREATED':20} HOST STATE"
+
+
 @cache_app.command("ls")
 def ls(
     db: DbOption = None,
@@ -135,7 +139,7 @@ def ls(
             entries = list_entries(st.local, st.shared if with_shared else None)
     except SmthrsError as exc:
         _refuse(as_json, exc)
-    lines = []
+    lines = [_LS_HEADER] if entries else []
     for e in entries:
         state = "invalidated" if e.invalidated_at_ms is not None else (e.problem or "ok")
         lines.append(

@@ -28,7 +28,6 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ..errors import ControlError, InvalidInput, SettingsError, SmthrsError, StoreError, passing_fault
-from ..settings import load_settings
 from .exits import refusal_exit
 
 __all__ = [
@@ -96,6 +95,8 @@ def db_url(db: str | None, workspace: Path | None = None) -> str:
             "--db is empty; pass the database URL (sqlite:///path/to/state.db or postgresql+psycopg://...), or "
             "leave --db out for the default (SMTHRS_DB_URL, else <workspace>/.smthrs/state.db)",
         )
+    from ..settings import load_settings
+
     return load_settings(workspace=workspace, db_url=db).resolved_db_url
 
 
@@ -127,6 +128,8 @@ def existing_db_url(db: str | None, command: str, workspace: Path | None = None)
 def check_workspace(workspace: Path | None) -> None:
     """Refuse (``SettingsError``) a workspace (``--workspace``, else ``SMTHRS_WORKSPACE``, else the cwd) that
     exists and is not a directory, before a runtime tries to create its state directory inside it."""
+    from ..settings import load_settings
+
     ws = load_settings(workspace=workspace).workspace
     if ws.exists() and not ws.is_dir():
         raise SettingsError(

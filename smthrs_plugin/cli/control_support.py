@@ -30,12 +30,11 @@ import typer
 
 from smthrs_plugin.cli._common import print_refusal
 from smthrs_plugin.cli.exits import exit_code
-from smthrs_plugin.control.follow import Held
-from smthrs_plugin.control.follow import follow as follow_run
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.facade import AdmittedRun, Control
+    from smthrs_plugin.control.follow import Held
     from smthrs_plugin.control.identity import Principal
     from smthrs_plugin.runtime import Runtime
     from smthrs_plugin.scheduler.model import Report
@@ -48,7 +47,6 @@ __all__ = [
     "fail",
     "answer",
     "follow",
-    "Held",
 ]
 
 
@@ -156,6 +154,9 @@ def follow(
 ) -> Held | None:
     """:func:`smthrs_plugin.control.follow.follow` for a command: a progress line on stderr while it waits; None
     once the run is settled or parked (its state gives the exit code), a :class:`Held` to report (exit 75)."""
+    from smthrs_plugin.control.follow import Held
+    from smthrs_plugin.control.follow import follow as follow_run
+
     out = follow_run(control, run_id, relaunch, wait=wait, on_wait=_wait_note)
     return out if isinstance(out, Held) else None
 

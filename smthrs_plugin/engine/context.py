@@ -1,33 +1,17 @@
 """The current run: what ``sp.sleep``/``sp.wait_for`` need to know about the run they are called in.
 
-Invariants:
-
-- Whoever drives a run (the run driver, the plan runtime, the Prefect host) activates ONE :class:`RunContext` for
-  it with :func:`activate` on the thread that executes the run's code; a host that runs code on other threads
-  copies the context (``contextvars.copy_context``). Outside an activated run, :func:`current_run` refuses with
+- Whoever drives a run activates ONE :class:`RunContext` for it with :func:`activate` on the thread that executes
+  the run's code (other threads copy the context). An explicit activation wins; otherwise each registered provider
+  (:func:`register_provider`) is asked in order. Outside a run, :func:`current_run` refuses
   ``WaitError(no_run_context)``.
-- Interrupting is cooperative and sticky: :meth:`RunContext.interrupt_with` records the FIRST reason
-  (``cancelled``, ``shutdown``, ``fence_lost``, ``heartbeat_failing``) and sets :attr:`RunContext.interrupt`, an
-  event every in-process wait blocks on, and wakes the run's waiters on the wake bus; waits then raise the
-  control-flow exception of that reason (:meth:`raise_if_interrupted`). Threads cannot be interrupted
-  preemptively: flow code between two waits runs to its next wait (or :meth:`raise_if_interrupted`), and a
-  cancellation that arrives after the last one turns the completion into a cancellation at the terminal write.
-- Control flow is not failure: :class:`RunParked`, :class:`RunCancelled` and :class:`RunReleased` derive from
-  ``BaseException`` (like ``KeyboardInterrupt``, and like Prefect's ``Pause``/``Abort`` signals), so a flow's
-  ``except Exception`` and the cache seam's "the executor failed" path do not swallow them; the driver catches
-  them and parks, cancels or releases the run.
-- The in-process wait budget is per drive and cumulative: every in-process wait spends from it, and a wait that
-  cannot finish within what is left parks the run instead (so the process may exit).
-- A wait parks by raising ``ctx.parked(RunParked(...))``: the host that owns the run may turn the signal into its
-  own (a Prefect flow run raises one that is also Prefect's ``Pause``, so Prefect shows the flow run *Paused*
-  instead of *Crashed*); whatever it returns is still a :class:`RunParked`.
-- Waits are refused (``WaitError(invalid_wait)``, before anything is written) inside a block a host marks with
-  :func:`waits_forbidden` — a ``@step`` body, whose result is cached: a gate there would be skipped by a hit.
-- Where the current run comes from: an explicit :func:`activate` on this thread wins; otherwise each registered
-  provider (:func:`register_provider`, e.g. ``prefect/`` for "the Prefect flow run this code runs in") is asked in
-  order. Providers are how a host lends a run context to code it does not call itself (a ``@flow`` body).
-
-Prior art: Temporal's workflow context and cancellation scopes; Trio's ``Cancelled`` (a BaseException).
+- Interrupting is cooperative and sticky: :meth:`RunContext.interrupt_with` records the FIRST reason and wakes the
+  run's waiters; waits then raise that reason's control-flow exception (:meth:`raise_if_interrupted`).
+- :class:`RunParked`, :class:`RunCancelled` and :class:`RunReleased` derive from ``BaseException``, so
+  ``except Exception`` does not swallow them; the driver catches them and parks, cancels or releases the run.
+- The in-process wait budget is per drive and cumulative; a wait that cannot finish within what is left parks the run.
+- A wait parks by raising ``ctx.parked(RunParked(...))``; whatever the host substitutes is still a :class:`RunParked`.
+- Waits inside :func:`waits_forbidden` (a ``@step`` body) are refused ``WaitError(invalid_wait)`` before anything is
+  written.
 """
 
 from __future__ import annotations
@@ -38,14 +22,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..errors import FenceLost, WaitError
-from ..records.runs import OwnerId
-from ..records.wait_rows import Wait
-from ..records.waits import WaitStore
 from .wakebus import WakeBus
+
+if TYPE_CHECKING:  # annotations only: the package root imports this module, and must not load the stores
+    from ..records.runs import OwnerId
+    from ..records.wait_rows import Wait
+    from ..records.waits import WaitStore
 
 __all__ = [
     "RunContext",

@@ -1,0 +1,69 @@
+"""CLI startup: the wall time of ``smthrs`` commands in fresh processes, next to a bare ``python -c pass``.
+
+Run: ``python benchmarks/cli_startup.py [--runs 7]``. Every sample is a new process (``python -m smthrs_plugin``
+with the same interpreter, so no console-script shim is timed); the median of ``--runs`` samples is printed with
+its ratio to ``python -c pass``. ``runs`` and ``cache ls`` read a workspace holding one completed run and its cache
+entry, made once before timing (``smthrs run`` on a one-node plan). A CI step pays the interpreter plus this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAN = 'plan: bench\nflow: bench/startup\nnodes:\n  - id: build\n    run: "echo built"\n'
+
+
+def _time(argv: list[str], env: dict[str, str], cwd: Path, runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+        samples.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="fresh processes per command (median reported)")
+    args = parser.parse_args()
+
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="smthrs-cli-bench-") as tmp:
+        ws = Path(tmp)
+        (ws / "plan.yaml").write_text(PLAN)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SMTHRS_")}
+        env.update(SMTHRS_WORKSPACE=str(ws), PYTHONPATH=str(repo), COLUMNS="100")
+        smthrs = [sys.executable, "-m", "smthrs_plugin"]
+        made = subprocess.run(
+            [*smthrs, "run", str(ws / "plan.yaml")], env=env, capture_output=True, text=True
+        )
+        if made.returncode != 0:
+            raise SystemExit(
+                f"could not prepare the workspace (smthrs run exited {made.returncode}):\n{made.stderr}"
+            )
+
+        cases = [
+            ("python -c pass", [sys.executable, "-c", "pass"]),
+            ("smthrs --help", [*smthrs, "--help"]),
+            ("smthrs runs", [*smthrs, "runs"]),
+            ("smthrs cache ls", [*smthrs, "cache", "ls"]),
+        ]
+        base = None
+        print(f"{'command':<18} {'median':>9} {'x python':>9}   ({args.runs} fresh processes each)")
+        for name, argv in cases:
+            median = _time(argv, env, ws, args.runs)
+            base = median if base is None else base
+            print(f"{name:<18} {median * 1000:>7.0f}ms {median / base:>8.1f}x")
+
+
+if __name__ == "__main__":
+    main()
