@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from smthrs_plugin._clock import ManualClock
 from smthrs_plugin.records.journal import Journal
@@ -55,6 +57,19 @@ for _k, _v in {
     "AWS_EC2_METADATA_DISABLED": "true",
 }.items():
     os.environ.setdefault(_k, _v)
+
+# One Hypothesis profile for every property test: examples come from a seed derived from the test itself
+# (derandomize), never from a shared database, the wall clock or what other threads did to global state, so a
+# failure replays identically; no per-example deadline or speed health check can fail on a busy machine. A test
+# that needs another seed says so with @seed.
+hypothesis_settings.register_profile(
+    "smthrs",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+hypothesis_settings.load_profile("smthrs")
 
 POSTGRES_URL = os.environ.get("SMTHRS_TEST_POSTGRES_URL")
 

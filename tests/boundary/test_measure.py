@@ -144,7 +144,7 @@ def test_corrupt_stat_cache_is_rebuilt_with_a_warning(
 def test_files_are_hashed_in_parallel(tmp_path: Path) -> None:
     for i in range(6):
         write(tmp_path, f"f{i}.txt", bytes([i]) * 1000)
-    meet = threading.Barrier(2, timeout=10)
+    meet = threading.Barrier(2, timeout=120)
 
     def rendezvous(f: IO[bytes]) -> str:
         meet.wait()  # only returns when a second file is being hashed at the same time

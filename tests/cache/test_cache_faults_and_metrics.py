@@ -109,7 +109,7 @@ def test_concurrent_same_key_consults_in_one_process_execute_once(tmp_path: Path
 
     def one() -> None:
         req = m.request(upper_node())
-        start.wait(timeout=30)
+        start.wait(timeout=120)
         r = m.dispatcher.dispatch(req, lambda root: (m.calls.update(["upper"]), upper(root))[1])
         with lock:
             results.append(r)

@@ -1,6 +1,6 @@
 """The identity boundary THROUGH the durable control plane (SQLite): generated hostile inputs to ``Control.plan`` and
 idempotency keys to ``Control.run`` answer a card/receipt or a typed ``InvalidInput`` — never another exception,
-and never a write on refusal. (``tests/control/test_control_identity.py`` fuzzes ``decode_input`` itself with 10,000
+and never a write on refusal. (``tests/control/test_control_identity.py`` fuzzes ``decode_input`` itself with 2,000
 inputs against an independent oracle; this pins that the facade crosses that boundary before writing anything.)"""
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ def _ship_flow(calls: list[str]) -> Callable[[RunContext], Any]:
     return flow
 
 
-def eventually(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
+def eventually(cond: Callable[[], Any], timeout: float = 120.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (v := cond()):
         if time.monotonic() > deadline:

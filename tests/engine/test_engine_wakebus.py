@@ -28,12 +28,12 @@ NEVER = 60.0
 
 
 def until(predicate: Callable[[], bool], what: str) -> None:
-    """Spin until `predicate` holds (bounded by iterations, not a clock assertion)."""
-    for _ in range(20_000):
-        if predicate():
-            return
+    """Spin until `predicate` holds (a deadline far above any step guards against a hang; nothing is timed)."""
+    deadline = time.monotonic() + 120
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never reached: {what}")
         time.sleep(0.0005)
-    raise AssertionError(f"never reached: {what}")
 
 
 def start_waiter(

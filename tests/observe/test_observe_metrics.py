@@ -363,7 +363,7 @@ def test_decorated_function_may_run_on_many_threads_at_once(
 ) -> None:
     metrics, reader = wired
     n = 6
-    inside = threading.Barrier(n, timeout=30)
+    inside = threading.Barrier(n, timeout=120)
 
     @metrics.observe_dispatch()
     def work(i: int) -> int:

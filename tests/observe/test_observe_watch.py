@@ -65,7 +65,7 @@ def procs() -> Iterator[list[Proc]]:
         p.kill()
 
 
-def _take(stream: Any, n: int, timeout_s: float = 30.0) -> list[ControlEvent]:
+def _take(stream: Any, n: int, timeout_s: float = 120.0) -> list[ControlEvent]:
     out = []
     while len(out) < n:
         ev = stream.next_within(timeout_s)
@@ -185,7 +185,7 @@ def test_closing_from_another_thread_ends_a_blocked_follow(db: Database) -> None
     t = threading.Thread(target=lambda: results.append(list(stream)))
     t.start()
     threading.Timer(0.2, stream.close).start()
-    t.join(timeout=30)
+    t.join(timeout=120)
     assert not t.is_alive() and results == [[]] and stream.closed
 
 

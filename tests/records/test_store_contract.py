@@ -501,7 +501,7 @@ def test_a_serialization_failure_reruns_the_whole_transaction(postgres_url: str)
 
     db = open_database(postgres_url)
     journal = Journal(db)
-    barrier = threading.Barrier(2, timeout=20)
+    barrier = threading.Barrier(2, timeout=120)
     calls: list[str] = []
     results: dict[str, int] = {}
 

@@ -352,7 +352,7 @@ def test_record_and_append_persist_generations_and_journal_them(env: Env) -> Non
 
 
 def test_a_thread_host_runs_independent_nodes_concurrently(env: Env) -> None:
-    barrier = threading.Barrier(3, timeout=10)
+    barrier = threading.Barrier(3, timeout=120)
     plan = sp.plan.compile_plan("p", "f", [sp.plan.node(f"n{i}", body=i) for i in range(3)])
 
     def executor(ni: NodeInput) -> Any:

@@ -28,6 +28,7 @@ def wait_for(path: str, timeout: float = 60.0) -> None:
 def cmd_migrate(url: str, go: str) -> None:
     from smthrs_plugin.stores.database import open_database
 
+    say(event="ready")  # imported and at the start line: the parent starts the race once both say so
     wait_for(go)
     db = open_database(url)
     say(event="opened", source_id=db.source_id)
@@ -38,6 +39,7 @@ def cmd_claim(url: str, go: str, n: str) -> None:
     from smthrs_plugin.stores.database import open_database
 
     own = Ownership(open_database(url))
+    say(event="ready")
     wait_for(go)
     for i in range(int(n)):
         decision = own.claim(f"race-{i}")
@@ -78,7 +80,7 @@ def cmd_own(url: str, run_id: str, mode: str) -> None:
             say(event="refused", i=i, code=exc.code)
         i += 1
         time.sleep(0.02)
-    hb.interrupted.wait(10)
+    hb.interrupted.wait(120)  # returns at the interrupt; the bound only guards against a hang
     say(event="done", interrupt=None if hb.interrupt is None else hb.interrupt.reason)
     hb.stop()
 

@@ -31,6 +31,7 @@ from smthrs_plugin.stores.schema import attempts
 pytestmark = pytest.mark.slow
 
 HELPER = str(Path(__file__).with_name("_store_proc.py"))
+DEADLINE_S = 120.0  # far above any step here, however busy the machine; a failure bound, never a measurement
 FAST = {"SMTHRS_STALE_AFTER_S": "1", "SMTHRS_SKEW_ALLOWANCE_S": "0", "SMTHRS_HEARTBEAT_INTERVAL_S": "0.1"}
 
 
@@ -97,7 +98,8 @@ def test_two_processes_opening_a_new_database_both_succeed(
 ) -> None:
     go = tmp_path / "go"
     procs += [Proc("migrate", db_url, str(go)) for _ in range(2)]
-    time.sleep(0.3)  # let both reach the start line; correctness does not depend on it
+    for p in procs:
+        p.until("ready")  # both at the start line, so the opens really race
     go.touch()
     ids = [p.until("opened")["source_id"] for p in procs]
     for p in procs:
@@ -120,7 +122,8 @@ def test_two_processes_racing_to_claim_a_run_activate_it_exactly_once(
         runs.create(f"race-{i}", "flow")
     go = tmp_path / "go"
     procs += [Proc("claim", db.url, str(go), str(n)) for _ in range(2)]
-    time.sleep(0.3)
+    for p in procs:
+        p.until("ready")
     go.touch()
     decisions = [m for p in procs for m in p.finish() if m["event"] == "decision"]
     assert len(decisions) == 2 * n
@@ -164,7 +167,8 @@ def _quiescent(db: Database) -> bool:
 
 
 def _stop_quiescent(db: Database, proc: Proc) -> None:
-    for _ in range(200):
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
         os.kill(proc.p.pid, signal.SIGSTOP)
         if _quiescent(db):
             return
@@ -184,7 +188,7 @@ def test_a_sigstopped_owner_is_stolen_from_and_every_write_after_sigcont_is_refu
     owner_proc.until("wrote")
     _stop_quiescent(db, owner_proc)
     thief = Ownership(db, settings=load_settings(stale_after_s=1, skew_allowance_s=0))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + DEADLINE_S
     while True:
         decision = thief.claim("zombie")
         if isinstance(decision, Activated) or time.monotonic() > deadline:

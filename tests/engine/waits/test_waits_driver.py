@@ -37,7 +37,7 @@ from smthrs_plugin.stores.database import Database
 from smthrs_plugin.stores.wait_tables import deferred_completions
 
 
-def eventually(cond: Callable[[], Any], timeout: float = 20.0) -> Any:
+def eventually(cond: Callable[[], Any], timeout: float = 120.0) -> Any:
     """Poll ``cond`` until truthy (a deadline guards against hangs; nothing asserts how long it took)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -68,7 +68,7 @@ class Background:
     def done(self) -> bool:
         return not self._t.is_alive()
 
-    def join(self, timeout: float = 30.0) -> Any:
+    def join(self, timeout: float = 120.0) -> Any:
         self._t.join(timeout)
         assert not self._t.is_alive(), "background call did not finish"
         if self.error is not None:

@@ -213,7 +213,8 @@ def test_an_in_process_sleep_killed_mid_wait_is_stolen_and_resumes_to_its_origin
 _COMPLETER = """
 import os, sys, time
 import smthrs_plugin as sp
-go, url, run_id, me = sys.argv[1:]
+go, url, run_id, me, ready = sys.argv[1:]
+open(ready, "w").close()  # imported and at the start line
 while not os.path.exists(go):
     time.sleep(0.002)
 print(type(sp.complete(run_id, "approval", {"by": me}, db=url)).__name__, flush=True)
@@ -236,14 +237,23 @@ def test_a_pending_deferred_survives_sigkill_and_two_completers_serve_one_value(
     env = _env(tmp_path, db_url, None)
     completers = [
         subprocess.Popen(
-            [sys.executable, "-c", _COMPLETER, str(go), db_url, "a1", f"completer-{i}"],
+            [
+                sys.executable,
+                "-c",
+                _COMPLETER,
+                str(go),
+                db_url,
+                "a1",
+                f"completer-{i}",
+                str(tmp_path / f"ready-{i}"),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
         for i in range(2)
     ]
-    time.sleep(0.5)  # let both reach the start line; correctness does not depend on it
+    eventually(lambda: all((tmp_path / f"ready-{i}").exists() for i in range(2)))  # both at the start line
     go.touch()
     said = [c.communicate(timeout=60)[0].strip() for c in completers]
     assert sorted(said) == ["Completed", "Existing"]
