@@ -1,35 +1,17 @@
 """The composition root: ``open_runtime(...)`` wires the stores, the journal, the owner, the cache dispatch seam
 and plan schedulers from settings.
 
-Invariants
 - The one wiring point: nothing else in the package constructs a run driver (:meth:`Runtime.run_driver`,
-  :attr:`Runtime.driver`), the cache dispatch seam (:attr:`Runtime.dispatcher`, and :func:`process_dispatcher`
-  in a task-runner worker process), the control plane (:meth:`Runtime.control`) or the cache tiers
-  (:meth:`Runtime.cache_tiers`); the CLI, the hosts and ``smthrs serve`` take them from a runtime, so every one
-  of them shares its owner, journal, clock, liveness check, metrics and publisher trust
-  (``tests/cross_cutting/test_runtime_wiring.py`` pins it). The dispatcher, the driver and the control plane are built on
-  first use, once per runtime; a command that never dispatches never measures the workspace.
-- Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults (SQLite at
-  ``<workspace>/.smthrs/state.db``, artifacts under ``<workspace>/.smthrs/artifacts``). Bad settings are a typed
-  ``SettingsError``/``StoreError``/``ArtifactError`` raised by ``open_runtime`` before anything else happens —
-  including a Prefect block that names the artifact store or the signing key (``settings``/``_blocks``): it is
-  loaded, and refused if unusable, before the workspace or the database is touched.
-- One workspace, one measurer: the dispatcher and every scheduler share it (its stat cache is what keeps
-  re-measurement cheap).
-- Core classes take their collaborators in their constructors; this module only chooses them. A scheduler made
-  by :meth:`Runtime.scheduler` drives its own run through
-  :class:`~smthrs_plugin.engine.drive.pass_lifecycle.PassLifecycle` (on a run lease, not the registry-driven
-  :class:`~smthrs_plugin.engine.drive.driver.RunDriver`: a pass runs on its caller's thread and answers with a
-  ``Report`` or a typed scheduler error, never a ``DriveOutcome``): it creates the run if needed, claims it
-  (stealing it from a dead owner on liveness evidence), heartbeats while the pass runs, and settles the run
-  ``completed`` (every node built, clean or deferred) or ``failed`` afterwards (a scheduler failure settles it
-  ``failed`` too). A pass interrupted by anything else, or refused for its input identity (``invalid_plan``),
-  releases the run instead, so ``--run-id`` resumes it.
-  Every scheduler it makes gates nodes declaring ``approval:`` with the control plane's ``NodeGate`` (asked before the
-  node's attempt begins; a pending request parks the run ``waiting-approval``), and :meth:`Runtime.control` is the
-  control plane wired with this process's owner and the plugins' approval authority and liveness check.
-  A timer node waiting beyond the in-process budget parks the run ``timer`` at its stored deadline instead
-  (``RunParked`` propagates to the caller; ``smthrs run`` exits 75), and a cancellation settles it ``cancelled``.
+  :attr:`Runtime.driver`), the cache dispatch seam (:attr:`Runtime.dispatcher`, and :func:`process_dispatcher` in a
+  task-runner worker process), the control plane (:meth:`Runtime.control`) or the cache tiers
+  (:meth:`Runtime.cache_tiers`), so all of them share one owner, journal, clock, liveness check, metrics and
+  publisher trust. Each is built on first use, once per runtime.
+- Explicit arguments win over ``SMTHRS_*`` settings, which win over the embedded defaults; bad settings (a Prefect
+  block included) raise a typed error from ``open_runtime`` before the workspace or the database is touched.
+- One workspace, one measurer, shared by the dispatcher and every scheduler.
+- A scheduler made by :meth:`Runtime.scheduler` drives its own run through
+  :class:`~smthrs_plugin.engine.drive.pass_lifecycle.PassLifecycle` and gates ``approval:`` nodes with the control
+  plane's ``NodeGate`` (ARCHITECTURE.md, "runtime.py").
 """
 
 from __future__ import annotations
@@ -171,7 +153,7 @@ class Runtime:
 
     @property
     def driver(self) -> RunDriver:
-        """This runtime's run driver (``engine.driver.RunDriver``, settings' wait budget, 8 runs at once), built
+        """This runtime's run driver (``engine.drive.driver.RunDriver``, settings' wait budget, 8 runs at once), built
         on first use: register flows on it, then ``drive`` one run or ``start`` its sweeps (the caller stops it)."""
         with self._lock:
             if self._driver is None:
@@ -233,7 +215,7 @@ class Runtime:
         select one (the Prefect host when a flow run is active), else the local thread pool; ``reconciler``,
         ``environment`` and ``concurrency`` left open come from the plugins (``hooks.wiring``).
 
-        ``drive_run=False``: a run driver (``engine.driver.RunDriver``, ``smthrs worker --plan``) already owns the
+        ``drive_run=False``: a run driver (``engine.drive.driver.RunDriver``, ``smthrs worker --plan``) already owns the
         run and settles or parks it after the pass; the scheduler only schedules."""
         opts = scheduler_options(
             self.plugins,

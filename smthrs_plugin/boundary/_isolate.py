@@ -1,36 +1,17 @@
-"""Isolated bodies: a building body runs where every workspace path means its sandbox.
+"""Isolated bodies: a building body runs in a forked child where every workspace path means its sandbox.
 
-A body written the way people write Python opens ``data/raw.csv``, ``/proj/out/pages.csv`` or hands a path to
-pandas, pyarrow or a subprocess. Run in-thread, those paths reach the live workspace: an undeclared read is not
-seen, a written file escapes the sandbox. So a building body runs in a child process instead:
-
-- ``namespace`` (Linux, where the kernel allows it): the child is forked, enters a private mount namespace (as
-  root a plain one; otherwise an unprivileged user namespace mapping the caller's own uid and gid) and bind-mounts
-  the sandbox root over the workspace path, then ``chdir``s there — the way Bazel's linux-sandbox and bubblewrap
-  show a sandbox at the workspace's own path. Relative paths, absolute paths under the workspace, C extensions and
-  subprocesses all see only the sandbox. The workspace's ``.venv/`` is bound back read-only (a lazy import of an
-  installed package must still work), and ``sys.path`` / package ``__path__`` entries under the workspace are
-  re-pointed at the real tree through a directory descriptor, so a project module imported lazily by the body is
-  still found (its source is part of the step's identity); a plain path never reaches it.
-- ``process`` (namespaces refused: a container, an AppArmor-restricted kernel, or chosen): the child is forked
-  with the sandbox root as its working directory, so relative paths land in the sandbox; a Python-level open of
-  a workspace path outside the sandbox is refused by an audit hook with ``BoundaryRefusal(undeclared_read |
-  undeclared_write)`` naming the path — never silently served. Code that opens files below Python (C libraries,
-  subprocesses) with an absolute workspace path is not seen here: that is what ``namespace`` adds.
-- ``thread`` (an explicit opt-out, for bodies that must share in-process objects): the body runs in the calling
-  thread, with the same audit-hook refusals while it runs; it must reach workspace files through ``ws``.
-
-In both child modes an undeclared workspace path the body tries to read (absent from the sandbox, not declared)
-is ``BoundaryRefusal(undeclared_read)`` naming the path and the ``reads=`` entry that would allow it.
-
-The child is forked, not spawned: the body, its arguments and every module are already in memory (no pickling
-of code or arguments, a few ms per call), and only the result crosses back — pickled once into a file, read once.
-Log records the body emits (``logging``, ``get_run_logger()``, ``print`` under ``log_prints``) are sent to the
-parent and handled there by the same logger, so they reach the task run's logs; plain ``print`` writes to the
-inherited stdout. An exception keeps its type, with the child's traceback attached as a note. A child that dies
-(SIGKILL, out of memory) is ``BoundaryError(body_died)``: the caller's sandbox is then discarded, nothing is copied
-back. :meth:`IsolatedCall.kill` (cancellation) kills the child; a parent that dies takes the child with it
-(``PR_SET_PDEATHSIG``).
+- Modes (the README's isolation table): ``namespace`` (a private mount namespace with the sandbox bind-mounted over
+  the workspace path), ``process`` (a child whose working directory is the sandbox; a Python-level open of a
+  workspace path outside it is refused by an audit hook, ``BoundaryRefusal(undeclared_read | undeclared_write)``
+  naming the path) and ``thread`` (an explicit opt-out in the calling thread, with the same audit-hook refusals;
+  workspace files only through ``ws``).
+- In both child modes an undeclared workspace path the body reads is ``BoundaryRefusal(undeclared_read)`` naming the
+  path and the ``reads=`` entry that would allow it.
+- Only the result crosses back (pickled once into a file, read once); the body's log records are handled by the
+  parent's logger; an exception keeps its type, with the child's traceback attached as a note.
+- A child that dies (SIGKILL, out of memory) is ``BoundaryError(body_died)``: the caller's sandbox is discarded,
+  nothing is copied back. :meth:`IsolatedCall.kill` kills the child; a parent that dies takes the child with it
+  (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations

@@ -1,46 +1,23 @@
 """The workspace transaction: run a step's body in a temporary tree, diff the whole tree, copy declared outputs
 back as a compare-and-set.
 
-Invariants
-- The transaction is the tree. ``hermetic`` seeds the tree with the declared reads only, so an undeclared read
-  finds no file (Bazel's sandboxed spawn); ``whole-tree`` seeds a full copy of the workspace minus
-  the reserved ``.smthrs/``, ``.git/``, ``.venv/`` (``plan.fileset.RESERVED_TOP``). Every seeded read is hashed *as copied* and must equal the prepared
-  snapshot: the body provably read the bytes the key names.
-- After the body, the whole sandbox tree is compared with its pre-manifest: undeclared writes and removals are
-  facts (a map comparison), not inferences. A file is unchanged when its lstat identity (size, mtime_ns,
-  ctime_ns, inode, mode) is untouched; before the body starts we wait until the filesystem clock has moved past
-  every seeded file's ctime (git's racy-clean problem, solved by waiting one tick), so any write by the body
-  changes ctime. Touched files are re-hashed: rewriting identical bytes is not a change.
-  A small seeded tree (at most ``_REHASH_ALL_BYTES`` of seeded file bytes) skips both the wait and the lstat
-  shortcut: EVERY regular file present after the body is re-hashed and compared by content and mode with what
-  was seeded. That is the very definition of "changed" the shortcut approximates (identical bytes are not a
-  change either way), it depends on no clock, and it costs less than the tick it replaces (a jiffy, often
-  several ms). Links are compared by target and presence by the path maps in both cases.
-- Only this module sets ``whole_tree_writes_verified`` (the whole tree was diffed) and
-  ``hermetic_reads_verified`` (hermetic mode: only declared reads existed).
-- Copy-back is a compare-and-set: outputs are staged (copied, never hard-linked, and re-verified), then the real
-  workspace's write/removal scopes are re-measured and must equal their pre-images from ``prepare``; any
-  difference is ``MaterializationConflict`` and nothing is copied. Only then are the staged files renamed into
-  place and the removals applied. Undeclared writes stay in the sandbox (never copied back). Every seeded and
-  copied-back file gets a normalised mode (0o644/0o755): setuid, setgid, sticky and group/world-writable bits
-  never leave the sandbox.
-- The temporary tree is always removed (an effect-free root, below, is kept for reuse only while provably
-  untouched); a body exception propagates after cleanup.
-- A step with no file effects (no reads, writes or removes) in ``hermetic`` mode has nothing to seed and nothing
-  to copy back: its tree is an empty private directory from a per-process pool (``_litter.take_empty_root``),
-  handed out only when provably empty and the same directory. After the body the root must still be that very
-  directory and empty; then the two flags are as true as for any hermetic sandbox (the whole tree, i.e. nothing,
-  was diffed; no undeclared read could find a file) and the root goes back to the pool. Anything else — an
-  entry left in it, the root replaced or removed — is settled by exactly the full diff below (same
-  deviations, refusals and error codes) and the root is removed, never reused. ``whole-tree`` mode always
-  seeds: an effect-free body there may still read the workspace copy.
-- Every copy-back attempt (and only a copy-back: a refused body or a hard-mode refusal never reaches one) is one
-  materialization on the injected metrics port: counted with its exit outcome (``Success``; ``Failure`` for a
-  conflict or a failed copy; ``Interrupt``) and timed (as the reference's metrics require).
+- ``hermetic`` seeds the tree with the declared reads only (an undeclared read finds no file); ``whole-tree`` seeds
+  the workspace minus the reserved ``.smthrs/``, ``.git/``, ``.venv/`` (``plan.fileset.RESERVED_TOP``). Every seeded
+  read is hashed as copied and must equal the prepared snapshot.
+- After the body the whole tree is compared with its pre-manifest: undeclared writes and removals are facts, and
+  rewriting identical bytes is not a change.
+- Only this module sets ``whole_tree_writes_verified`` (the whole tree was diffed) and ``hermetic_reads_verified``
+  (hermetic mode: only declared reads existed).
+- Copy-back is a compare-and-set: the workspace's write/removal scopes must still equal their pre-images from
+  ``prepare``, else ``MaterializationConflict`` and nothing is copied. Undeclared writes never leave the sandbox;
+  seeded and copied-back files get a normalised mode (0o644/0o755).
+- The temporary tree is always removed (an effect-free root is reused only while provably untouched); a body
+  exception propagates after cleanup.
+- Every copy-back attempt is one timed materialization on the injected metrics port (``Success``, ``Failure``,
+  ``Interrupt``).
+- A correctness tool, not a security boundary: a body that opens absolute paths can reach the real workspace.
 
-The sandbox is a correctness tool, not a security boundary: a body that opens absolute paths can reach the real
-workspace. Absolute symlinks into the workspace are re-pointed into the sandbox so a plain tool cannot write
-through them.
+How the diff stays exact and the effect-free pool: ARCHITECTURE.md ("boundary").
 """
 
 from __future__ import annotations

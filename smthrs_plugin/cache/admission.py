@@ -1,43 +1,17 @@
 """Cache admission: the seven conjuncts a settled result must meet before ANY other run may be served it.
 
-the step-boundary rules ("why only whole-tree evidence may enter the shared cache"). All seven,
-in this order (the first that fails is the reason reported):
+In order, the first that fails being the reason reported: ``tier_sealed``, ``boundary_hard``, ``reads_expanded``,
+``no_deviation``, ``whole_tree_writes_verified``, ``hermetic_reads_verified``, ``read_set_verified`` (each defined in
+docs/rules.md, "Cache admission").
 
-1. ``tier_sealed`` — the node is sealed. Compensable and irreversible work is keyed run-locally and never shared.
-2. ``boundary_hard`` — the declaration is in ``hard`` mode. Expected mode only records deviations; what it
-   settles is a claim about this run, not a reusable fact.
-3. ``reads_expanded`` — every declared read is an exact file path, OR the body saw exactly the recorded
-   *expansion* of the declared reads. A glob (``data/*.csv``), a tree (``data/``) or a filegroup holding one is
-   expanded at prepare into the sorted ``(path, digest)`` pairs of every file it matches; the key folds those
-   pairs (with the patterns themselves, in the declaration), the hermetic sandbox seeds exactly those files, and
-   the evidence records them as its read set. So the result is a function of that expansion and of nothing the
-   body could see besides it. Decided for a fresh settlement by :func:`reads_expanded` (hermetic sandbox, and the
-   evidence's read set is the prepared expansion), carried by an entry as the ``readsExpanded`` claim.
-   Beyond the exact-reads rule this relies on the hit verification (``cache._serve.verify_entry``): for a
-   declaration with a glob or tree read, the declared reads are expanded AGAIN on the serving workspace and the
-   entry is served only if that expansion is identical to the recorded one — same paths, same digests. A file
-   newly matching, one no longer matching, or one changed is a ``StaleReadSet``, in the local and the shared tier
-   alike; an entry whose recorded set omits a file that matches now is never served, whatever it claims.
-   Still disqualified: a glob or tree read whose body ran over the whole tree or in place (no hermetic sandbox:
-   it could list or open files outside the expansion), and an entry without the claim (written by a version that
-   did not re-verify expansions). Not disqualifying: an exact path that does not exist (it is measured as
-   ``absent`` and a hit re-checks that it is still absent).
-4. ``no_deviation`` — the evidence carries no ``ExpectedSetDeviation``, ``MissingDeclaredOutput`` or
-   ``SurvivingDeclaredRemoval``.
-5. ``whole_tree_writes_verified`` — the sandbox diffed the whole tree (only the sandbox sets it).
-6. ``hermetic_reads_verified`` — the body ran in a hermetic sandbox seeded only with the declared reads.
-7. ``read_set_verified`` — the read set the *key* folded (``DispatchRequest.reads``, measured by the caller)
-   equals the read set the sandbox measured at prepare and seeded. Otherwise the workspace changed between
-   keying and running, and the result belongs to different bytes than its key names.
-
-A result that fails any conjunct is :class:`NotAdmissible`: it stays run-local (recorded under a run-scoped row
-and replayed only by its own run's attempt), never served to another run, never published. A stored entry is
-re-admitted on every read (:func:`admit_entry`): a shared entry written by another host is only as good as the
-claims it carries, so a claim missing or false is ``UnverifiableEvidence``.
-
-Some declarations are run-local whatever happens at run time (a non-sealed tier, ``expected`` boundary mode, a
-timer node): :func:`declared_run_local_reason` names why, so ``@step`` can say it once when it is decorated
-instead of leaving every miss to look like a first entry.
+- A result that fails any conjunct is :class:`NotAdmissible`: it stays run-local (recorded under a run-scoped row and
+  replayed only by its own run's attempt), never served to another run, never published.
+- :func:`reads_expanded` decides that conjunct for a fresh settlement; an entry carries it as the ``readsExpanded``
+  claim, and a hit re-expands glob and tree reads on the serving workspace (``cache._serve.verify_entry``).
+- A stored entry is re-admitted on every read (:func:`admit_entry`): a claim missing or false is
+  ``UnverifiableEvidence``.
+- :func:`declared_run_local_reason` names why a declaration is run-local whatever happens at run time (a non-sealed
+  tier, ``expected`` boundary mode, a timer node), so ``@step`` can say it once when it is decorated.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """The one builder of the cache seam's :class:`DispatchRequest`, for plan nodes and ``@step`` calls alike.
 
-:func:`build_request` is where a request is assembled — the scheduler (``scheduler/_session.py``) calls it for
-every plan node it prepares, ``@step`` (``prefect/step.py``) for every call, through :func:`node_request` when the
-caller has no pinned observations and measures the declared reads now.
+:func:`build_request` assembles every request: the scheduler (``scheduler/_session.py``) for each plan node it
+prepares, ``@step`` (``prefect/step.py``) for each call, through :func:`node_request` when the caller has no pinned
+observations and measures the declared reads now (:func:`measure_reads`).
 
-Invariants
-- **The tier picks the key kind, here and nowhere else**. A sealed node is keyed by content
-  (``plan.keys.dispatch_key``: body, input values, measured read digests, declared effects, environment); a
-  compensable or irreversible node — and a timer node (``wait:``) whatever its tier, because a content key would
-  serve one run's elapsed clock to every later run — by the run-local ordinal key (``plan.keys.run_local_key``).
-  Both keys come from ``plan/keys.py`` byte for byte: this module never invents, weakens or post-processes a key.
+- The tier picks the key kind here and nowhere else: sealed → the content key (``plan.keys.dispatch_key``);
+  compensable, irreversible or timer → the run-local key (``plan.keys.run_local_key``). This module never invents,
+  weakens or post-processes a key.
 - Only a content-keyed request consults or publishes the shared tier (unless the caller narrows that further).
-- **One ``components`` shape** for ``smthrs cache explain``, whoever calls, always these five members::
-
-      key          {"kind": "content"} | {"kind": "run-local", "ordinal": ["plan-node/v1", plan_id, node_id,
-                   plan_key], "runId": run_id}      (what decided the key's kind; the run-local key folds only this)
-      body         plan.keys.material_body: version, declaration, nondeterministic?, tier?, approval?, wait?
-      inputs       {"<index>": {"literal": value}
-                              | {"ref": node_id, "path": [...], "digest": key of the projected value}
-                              | {"ordering": "ordering-only"}}      (a Ref keyed without its value: no digest)
-      hermetic     {"readSet": [{"path", "digest"}], "writeSet", "removes", "boundaryMode"}
-      environment  the declared environment, or {"omitted": true} when none was declared
-
-  A Ref input records the digest the key folds (``input_value_digest``), not the value: an upstream result can be
-  large and every downstream entry would carry a copy of it.
-- Measuring is the caller's: a plan node's read set is its run's source pins plus its produced reads measured at
-  dispatch (the scheduler's ``_read_set``); a caller with no pins measures every declared read now
-  (:func:`measure_reads`). Either way the request carries exactly the pairs its key folded, in the caller's order
-  (both hand them sorted by path), for the seam to re-measure before serving a hit.
+- ``components`` (for ``smthrs cache explain``) always has the same five members, whoever calls (docs/rules.md,
+  "The request a dispatch is keyed by").
+- Measuring is the caller's; the request carries exactly the read pairs its key folded, in the caller's order
+  (sorted by path), for the seam to re-measure before serving a hit.
 """
 
 from __future__ import annotations

@@ -1,45 +1,17 @@
 """Revocation of cache keys in the shared tier: ``smthrs cache revoke KEY_OR_NODE``, seen by every reader.
 
-A revocation is a marker document in the shared tier's ``revoked/`` area (an artifact store rooted at
-``<shared url>/revoked``, entries ``revoked/ac/<key digest>.<marker id>.json``, created if absent, never
-overwritten). It names the key, the time it was made (``revoked_at_ms``, the revoker's clock) and the entry ids
-(:func:`~.entry.entry_id`) of every copy of the key the revoker could see.
+A revocation is an unsigned marker document in the shared tier's ``revoked/`` area naming the key, its time
+(``revoked_at_ms``) and the entry ids (:func:`~.entry.entry_id`) of the copies the revoker saw. The exact rules are
+in docs/rules.md ("Revocation markers").
 
-Invariants
-- An entry of a revoked key is revoked when it was created at or before the revocation (``provenance.created_at_ms``
-  — signed by its publisher) OR its entry id is named by the marker. Both readers and the shared tier's
-  publisher treat a revoked entry as absent: it is never served and never compared against, the work
-  re-executes, and the re-executed result (created later) is published and served again. An entry whose
-  ``created_at_ms`` is missing or malformed counts as revoked (the conservative side).
-- Markers are not signed and any marker is honoured: a revocation can only make a reader re-execute, which a
-  writer of the bucket could cause anyway by deleting entries.
-- **A marker never breaks a reader.** A body is read bounded (:data:`MAX_MARKER_BYTES`, and never from a FIFO,
-  device or directory: ``ArtifactStore.get_entry``) and decoded by the one bounded decoder (``decode_json``:
-  depth, size, duplicate members, huge numbers). A marker that is too large, not a regular file or not a
-  well-formed marker of the key digest its name carries is a :class:`Revocation` with ``problem`` set — it
-  revokes every entry of that digest while it is in the bucket and is logged once per process (``verify``
-  names it beside each entry it revokes) — never an exception out of :meth:`Revocations.refresh`.
-- **Remembered revocations** (with a ``memory``: the reader's local database, ``records._revocation_rows``):
-  1. Only WELL-FORMED markers are remembered; a marker with a ``problem`` revokes only while it is in the bucket
-     (planted junk must not become permanent).
-  2. What is remembered is ``revoked_at_ms`` capped at this reader's clock when it first saw the marker (first
-     sighting wins, across processes): a marker dated in the future cannot, once deleted, keep revoking by time
-     the entries created after the reader saw it. While the marker is in the bucket it is honoured as written.
-  3. The entry ids a remembered marker names stay revoked, whenever they were created.
-  4. A remembered marker keeps revoking after it is deleted from the bucket, in every process on that database
-     and after restarts; a marker deleted before this reader ever listed it is not known to it (the limit of a
-     bucket nobody signs).
-  5. :meth:`Revocations.revoke` (``smthrs cache revoke``) remembers its own marker at once.
-  A remembered marker applies to its key whichever shared tier is read (revocations only cause re-runs).
-- **Bounded staleness, documented**: a shared lookup always re-lists the markers (one listing per lookup that
-  found a verified entry). A LOCAL hit — which must not pay a round trip to the shared tier — consults this
-  process's snapshot, re-listed at most every ``refresh_ms`` of the injected clock (``SMTHRS_CACHE_REVOCATION_
-  REFRESH_S``, default 60 s). A revocation therefore reaches a machine's local copies within that interval; the
-  revoking machine invalidates its own local row at once.
-- Listing failures (and reading failures other than a marker too large or not a file) propagate as
-  ``ArtifactError``; the caller decides (the dispatcher warns and keeps the previous snapshot for a local hit,
-  treats the shared tier as unavailable for a shared lookup). A failure of the local database propagates as
-  ``StoreError``.
+- An entry of a revoked key created at or before the revocation, or named by the marker, is treated as absent by
+  readers and by the publisher (never served, never compared against); the re-executed result is served again.
+- A marker never breaks a reader: a bad one is a :class:`Revocation` with ``problem`` set (revoking every entry of
+  its key digest while it is in the bucket), never an exception out of :meth:`Revocations.refresh`.
+- With a ``memory`` (the reader's database), well-formed markers are remembered and keep revoking after deletion.
+- A shared lookup always re-lists the markers; a local hit consults a snapshot re-listed at most every
+  ``refresh_ms`` of the injected clock.
+- Listing failures propagate as ``ArtifactError``, local database failures as ``StoreError``; the caller decides.
 """
 
 from __future__ import annotations

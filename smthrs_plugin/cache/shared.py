@@ -1,43 +1,21 @@
 """The shared cache tier: signed, per-publisher entries ``ac/<key digest>.<publisher key id>.json``.
 
-Invariants (Bazel's remote cache: CAS before AC — plus publisher trust)
-- An entry is published only AFTER every blob it references (``entry_digests``: spilled outputs and the blobs of its
-  encoded value) exists in the shared store:
-  blobs are copied there first (streamed through a temporary file, verified on both sides), then the entry is
-  created with the store's atomic create-if-absent. A reader therefore never sees a torn entry; a blob can still
-  go missing later (a gc race, an operator, an attacker) and the seam then re-executes.
-- **Signed.** Every entry carries ``signature: {alg: "ed25519", key_id, sig}`` over its canonical bytes
-  (:func:`~.entry.canonical_entry_bytes`) by the publisher's key (:mod:`.signing`). A reader looks up only the
-  names of publishers it trusts, in :attr:`Trust.publishers` order (its own key first), and an entry there is a
-  :class:`Candidate` only when it decodes, verifies, names the key it is stored under, and its signature is by
-  the key id its name carries. Anything else is a :class:`Refusal` with a reason — treated as absent: never
-  served, never compared against.
-- **Bounded before parsed.** Whoever can write the bucket can plant anything at a trusted name, so a document is
-  read at most :data:`~smthrs_plugin.stores.artifacts.MAX_ENTRY_BYTES` (32 MiB) and only from a regular file
-  (``too_large``, ``not_a_file`` otherwise: a planted FIFO never blocks, a huge object is never read whole), then
-  parsed by the one bounded decoder (:func:`~smthrs_plugin._untrusted.decode_json`: depth, duplicate member names,
-  huge integers, ... — ``undecodable`` naming the bound). Each is a :class:`Refusal` like a bad signature: the
-  reader journals it and runs the step. The publisher holds its own signed bytes to the same bounds before
-  publishing (``PublicationFailed("bounds")``, ``CacheError(entry_out_of_bounds)``), so no honest entry is ever
-  unreadable.
-- **Quarantine, never blocking.** Each publisher writes only its own name, first writer wins within a publisher
-  (machines sharing one key race for one name; the race yields exactly one complete entry). A document at OUR
-  name that is not servable — it does not verify (planted, damaged, foreign), its blobs are missing, or it is
-  revoked — is replaced by our honest entry: re-read, deleted only if it is still the bytes judged, then created
-  again (:class:`Replaced`); a document at our name that cannot even be read (over the cap, a FIFO) is deleted the
-  same way while it is still unreadable (a directory cannot be: publication then fails at stage ``entry``). A
-  valid entry is never overwritten. Residual race: two writers with one key that
-  both judged the same bad document may delete each other's fresh entry once; the survivor is still one complete,
-  signed entry, and a reader in between sees a miss, never a wrong entry.
+- Blobs before entry: an entry is created (atomic create-if-absent) only after every blob it references
+  (``entry_digests``) exists in the shared store, so a reader never sees a torn entry.
+- Signed: a reader looks up only the names of publishers it trusts, in :attr:`Trust.publishers` order; an entry is a
+  :class:`Candidate` only when it decodes, verifies (:mod:`.signing`), names the key it is stored under and is signed
+  by the key id its name carries. Anything else is a :class:`Refusal` with a reason, treated as absent.
+- Bounded before parsed: at most :data:`~smthrs_plugin.stores.artifacts.MAX_ENTRY_BYTES`, regular files only, then
+  :func:`~smthrs_plugin._untrusted.decode_json`. The publisher holds its own bytes to the same bounds.
+- Each publisher writes only its own name; a non-servable document at our name is replaced (:class:`Replaced`), a
+  valid entry is never overwritten.
 - Revocations (:mod:`.revocation`) are checked fresh on every shared lookup that found a verified entry.
-- ``lookup``/``candidates`` never fail a dispatch by themselves: they raise ``ArtifactError`` when the store
-  cannot be read, which the seam turns into a miss with a journal record. Failures of a publication keep their
-  stage (:class:`PublicationFailed`: ``bounds``, ``blobs``, ``entry``), so the seam journals
-  ``cache-provenance {action: "unpublished", stage}`` and carries on — a failed shared publication never fails
-  the run.
-- Maintenance (``gc``) reads every DECODABLE entry whatever its signature (:meth:`SharedTier.iter_entries`):
-  trust is per reader, and another machine may trust a key this one does not, so gc keeps their blobs. An
-  unreadable or out-of-bounds document is listed as ``Undecodable``, never a crash.
+- ``lookup``/``candidates`` raise ``ArtifactError`` when the store cannot be read (the seam makes it a miss);
+  a publication failure keeps its stage (:class:`PublicationFailed`: ``bounds``, ``blobs``, ``entry``) and never
+  fails the run.
+- ``gc`` reads every decodable entry whatever its signature (:meth:`SharedTier.iter_entries`).
+
+Quarantine, races and gc: ARCHITECTURE.md ("cache").
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """Publisher keys of the shared cache tier: who may write entries this machine serves.
 
-Whoever can write the shared tier's bucket could otherwise hand every reader any value and any output (the
-entry's ``result`` identity is an unkeyed SHA-256 anyone can recompute). So each shared entry carries an Ed25519
-signature over its canonical bytes (RFC 8785), and a reader serves only entries signed by a key it trusts.
+Each shared entry carries an Ed25519 signature over its canonical bytes (RFC 8785), and a reader serves only entries
+signed by a key it trusts: whoever can write the bucket could otherwise hand every reader any value and output.
 
-Invariants
-- A key is named by its **key id**: the first 16 hex characters of the SHA-256 of its raw 32-byte public key. The
-  id is what entry names carry (``ac/<key digest>.<key id>.json``); the signature, not the name, is what proves
-  the publisher (a copied entry under another publisher's name fails verification).
-- Signatures are domain-separated (``context``) so a signature made for one kind of document never verifies as
-  another.
-- :class:`Trust` is what a dispatcher is given: the signer (None → this machine never publishes to the shared
-  tier) and the trusted public keys, its own first. It is built once per process from settings
-  (:func:`trust_from_settings`):
-
-  ================================  ================================================================================
-  configured                        behaviour
-  ================================  ================================================================================
-  ``SMTHRS_CACHE_SIGNING_KEY``      sign with it; trust it plus ``SMTHRS_CACHE_TRUSTED_KEYS``
-  ``SMTHRS_CACHE_SIGNING_KEY_BLOCK``  the same, the key read from a Prefect ``Secret`` block (never with the above)
-  only ``SMTHRS_CACHE_TRUSTED_KEYS``  reader only: serve entries of those keys, never publish to the shared tier
-  nothing                           a workspace key generated on first use under ``<workspace>/.smthrs/keys/``,
-                                    trusted only by itself: a laptop-only user loses nothing; entries other
-                                    machines publish to a shared tier are ignored (the dispatcher warns once per
-                                    process when that tier is outside the workspace)
-  ================================  ================================================================================
+- A key is named by its key id (docs/rules.md, "Publisher keys"), which entry names carry; the signature, not the
+  name, proves the publisher.
+- Signatures are domain-separated (``context``): one made for one kind of document never verifies as another.
+- :class:`Trust` is what a dispatcher is given: the signer (None → never publish to the shared tier) and the trusted
+  public keys, its own first; :func:`trust_from_settings` builds it once per process (the settings are in
+  docs/rules.md).
 - Key files are read strictly: a malformed file or value is a typed error naming it (``SettingsError`` for a
-  setting, ``CacheError(invalid_key)`` for an explicit path), never skipped. Private keys are written ``0600``
-  with create-if-absent (``os.link``), so two processes creating the workspace key at once agree on one key.
+  setting, ``CacheError(invalid_key)`` for an explicit path), never skipped. Private keys are written ``0600`` with
+  create-if-absent (``os.link``), so two processes creating the workspace key at once agree on one key.
 """
 
 from __future__ import annotations

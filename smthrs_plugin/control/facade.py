@@ -1,44 +1,20 @@
 """The control plane facade: ``plan``, ``run``, ``approve``, ``deny``, ``cancel``, ``resume``, ``signal``, ``list``,
 ``show``.
 
-Every mutation crosses the identity boundary first (``identity.Mutation``: copy, decode, bound, durable key,
-fingerprint) and answers a receipt (``receipts.py``); ``plan`` answers a :class:`~smthrs_plugin._control_cards.PlanCard`.
-Its statements on the control records are :mod:`smthrs_plugin.records.control`'s (their one owner). Other packages
-read the control plane only through the read methods here (``review_card``, ``undecided_cards``,
-``last_approved_card``, ``plan_state``, ``runs_awaiting_approval``, ``node_requests``, ``run_row``, ``show``,
-``list``), never through ``Control.db``.
+- Every mutation crosses the identity boundary first (``identity.Mutation``) and answers a receipt (``receipts.py``);
+  ``plan`` answers a :class:`~smthrs_plugin._control_cards.PlanCard`. The statements on the control records are
+  :mod:`smthrs_plugin.records.control`'s (their one owner).
+- Other packages read the control plane only through the read methods here (ARCHITECTURE.md, "Control-plane
+  records"), never through ``Control.db``.
+- Only ``Accepted`` is recorded, with the mutation, in its one transaction; a same-key retry answers
+  ``AlreadyApplied`` (same fingerprint) or ``Conflict`` (another); ``Parked`` is never recorded.
+- Run admission commits BEFORE the launcher is called; a decision or a signal commits in ONE transaction with its
+  receipt.
+- The run's host is told (the injected ``waker``) only after the commit, and its failure never becomes a refusal:
+  :meth:`Control.last_host_wake` says what the host answered.
 
-Invariants
-- **Receipts.** Only ``Accepted`` is recorded, with the mutation, in its one transaction. A same-key retry with
-  the same fingerprint answers ``AlreadyApplied`` (same receipt and run); another fingerprint ``Conflict``.
-  ``Parked`` is never recorded (the key stays unspent for the launch after approval). ``cancel`` never replays
-  (it reads the run and answers what is true now); ``resume`` and decisions on a node target read the run's
-  terminality BEFORE the replay (``Terminal``).
-- **Plans** (``_planning.py``): ``plan`` stores the compiled plan, the card, its approval token (``approval:
-  required`` = the card's deploy-class flag) and ``control.plan.created`` in one transaction; idempotent per
-  content (the current card of a digest is answered again until it is denied or its ``once`` grant is spent). Any
-  change of the plan (a node's command, an input, the envelope) changes the digest: a new card, a new review.
-- **Run admission** (row + approval facts + pending claim + receipt + ``control.run.accepted``) commits BEFORE the
-  launcher is called; a refused launch records the run failed and keeps the receipt; a same-key retry of an
-  admitted run re-launches it when nobody drives it (an orphaned admission once its claim lapses or the liveness
-  check proves the admitter dead; a released run; a run woken by a decision) and answers ``AlreadyApplied``.
-- **Run lifecycle entries**:
-  ``control.run.accepted`` (the ``created`` baseline), then ``control.run.pending`` in the same admission
-  transaction when no launcher takes the launch; ``control.run.running`` / ``completed`` / ``failed`` /
-  ``cancelled`` commit with the run driver's activation and settlement (``engine.facts.control_running_in`` /
-  ``control_settled_in``), a refused launch's ``failed`` and an unowned run's ``cancelled`` with their row change
-  (``launch.py``). Each carries ``{factVersion: 1, baseline, run}``: a transition that rolls back leaves none.
-- **Decisions**: authorize (before any read or replay) → terminality (node) → replay → one transaction:
-  ``Approvals.decide_in`` (token, checks, decision, grant, journal, resume delegation) + the receipt.
-- **Signals** deliver a value to a run's deferred ``NAME`` (what ``sp.wait_for(NAME)`` returns): replay first (a
-  signal changes something once, so its receipt stays the answer after the run it woke has settled), then ONE
-  transaction: the deferred's completion (first writer wins), ``control.signal.delivered`` on the run's partition,
-  the wake of a run parked on it, and the receipt. A deferred that is already completed is refused
-  (``already_resolved``) with nothing written; a settled run answers ``Terminal``.
-- **The run's host is told after the commit.** A node decision, a signal or a cancellation that was applied
-  (``Accepted``, or ``AlreadyApplied`` for a retry) calls the injected ``waker`` (``engine.flow_waits.tell_host``;
-  the Prefect plugin resumes a parked flow run of a deployment), never inside the transaction and never turning
-  its failure into a refusal: the decision stands, :meth:`Control.last_host_wake` says what the host answered.
+Transactions in detail (receipts, plans, admission, decisions, signals): ARCHITECTURE.md ("The facade's
+transactions").
 """
 
 from __future__ import annotations

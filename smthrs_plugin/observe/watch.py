@@ -1,35 +1,15 @@
 """``watch``: committed journal entries projected as :class:`ControlEvent` values, as a snapshot or a live stream.
 
-Invariants:
+- A projection of ``journal_events`` by ``(partition, seq)``, not a bus: nothing uncommitted is delivered, and a
+  consumer that reconnects with its last cursor receives what it missed.
+- Cursors resume one run: ``after_cursor``/``after_sequence`` without ``run_id`` is refused (``InvalidInput``), as is a
+  cursor of another partition (``invalid_cursor``) or of another database (``source_changed``).
+- Omitting ``follow`` (or ``follow=True``) opens the live stream, which never ends by itself (close it);
+  ``follow=False`` is the finite snapshot. (``smthrs watch`` defaults to the snapshot.)
+- Snapshot, then tail, without gaps or duplicates; order is guaranteed within a partition only.
+- Other processes' commits are delivered too: the table is polled every ``poll_interval_s``.
 
-- **A projection, not a bus.** Events are read from the ``journal_events`` table by ``(partition, seq)``; nothing
-  is delivered that is not committed, and a consumer that reconnects with its last cursor receives what it missed.
-- **Cursors resume one run.** Partition sequences are partition-local (one partition per run, one per plan as
-  ``plan:<id>``), so a scalar cursor applied to every partition would skip unseen lower sequences elsewhere:
-  ``after_cursor``/``after_sequence`` without ``run_id`` is refused (``InvalidInput``), as is a cursor of another
-  partition (``invalid_cursor``) or of another database (``source_changed``). Exactly-once resumption is a promise
-  about a scoped watch.
-- **Live unless asked for a snapshot.** Omitting ``follow`` (or ``follow=True``) opens the live stream a UI
-  subscribes to; it never ends by itself (close it). ``follow=False`` asks for the finite snapshot a test or a
-  one-shot reader wants. (The ``smthrs watch`` command keeps the snapshot as its default: ``--follow`` opts in.)
-- **Snapshot, then tail, without gaps or duplicates.** ``follow=False`` is finite: each partition is read up to the
-  high-water mark pinned when it is reached. The live stream SUBSCRIBES FIRST, then pins each partition's
-  high-water mark, reads ``<= mark`` from the snapshot and ``> mark`` from the tail. Per partition the stream keeps
-  the last delivered sequence and the tail only ever reads ``seq > last``: the journal allocates sequences inside
-  serialized write transactions, so once ``seq = n`` is visible every lower sequence of that partition is too, and
-  reading strictly after the last delivered one can neither skip nor repeat an entry.
-- **Subscription-accelerated polling.** The in-process subscription (post-commit notification) only sees commits
-  of THIS process; it merely wakes the reader. The authority is the table, which the tail also polls every
-  ``poll_interval_s``, so appends by other processes and other hosts are delivered too (one indexed query per poll
-  for a scoped watch).
-- **Bounded work.** An unscoped snapshot discovers partitions in name order eight at a time (a loose index scan:
-  one seek per partition, never a scan of the journal) and merges those eight by ``(occurred_at, partition, seq)``;
-  partitions are read in pages of 500 entries. Between batches of a live stream the tail is served, so it is
-  never starved behind snapshot work. An unscoped live stream keeps one integer per partition and re-discovers
-  partition high-water marks on each poll (O(partitions) seeks); order is guaranteed within a partition only.
-
-Prior art: the reference's control ``watch`` (snapshot, follow, and the handoff between them); Kafka
-consumers committing per-partition offsets; Kubernetes list-then-watch from a resourceVersion.
+The hand-off and the bounds on work: ARCHITECTURE.md ("observe").
 """
 
 from __future__ import annotations

@@ -1,41 +1,19 @@
 """Compile, append and verify plans; the plan digest; conflict annotation. PURE.
 
-Invariants
-- Compile is all-or-nothing: (1) duplicate ids → ``duplicate_node``; (2) a depth-first, post-order topological
-  sort in declaration order over material dependencies gives plan order (``unknown_dependency``, ``cycle``);
-  (3) effects are workspace-relative, no path is both written and removed, and nothing is written or removed
-  under a reserved top-level directory (``.smthrs/``, ``.git/``, ``.venv/``) (``invalid_effects``); (4) every
-  node is keyed (upstream plan keys folded in); (5) conflicts are annotated, then reader-after-writer edges are
-  added; (6) the digest is computed. Every refusal is a :class:`PlanError` raised before a plan exists.
-- Edges are inferred from declarations, never from declaration order (``_overlap.infer_edges``, the reference
-  engine's two passes over plan order). Conflict rule, per pair (earlier E, later L) whose produced sets
-  (writes ∪ removes) overlap and that no edge existing before the pass already orders: ``fail`` if either says
-  fail (→ ``overlap_forbidden``), else ``lane`` if either says lane, else ``serialize`` (edge L → E); runtime
-  ``stop-merge`` if either says so, else ``delay-rebase``. BOTH nodes are annotated, each naming the other and
-  the overlapping ``paths`` (E's entries). Then every reader depends on every producer of something it reads,
-  declared before or after it, unless one already reaches the other (a writer that depends on its reader keeps
-  that order; the reader reads the source). Two nodes that each read what the other writes are not refused:
-  the first in plan order follows the other.
-- Plan order stays the material order of step (2), so an inferred edge may point to a LATER position (a reader
-  declared before its writer); the edge set is acyclic, ``RuntimeGraph`` accepts such edges, and recompiling a
-  plan's own node order reproduces it exactly (``verify_plan``). ``depends_on`` is the material dependencies,
-  then the serialize edges, then the reader edges, each in plan order.
-- ``append_plan`` is a new generation: earlier nodes are byte-identical (never re-keyed, never given edges),
-  new edges land on new nodes only, ``base_digest`` is kept, ``generation`` + 1, and the total stays within
+- Compile is all-or-nothing: every refusal (``duplicate_node``, ``unknown_dependency``, ``cycle``,
+  ``invalid_effects``, ``overlap_forbidden``) is a :class:`PlanError` raised before a plan exists; the steps and
+  the conflict rule are in docs/rules.md ("Plan compile").
+- Edges are inferred from declarations, never from declaration order (:mod:`smthrs_plugin.plan.overlap`). Plan order
+  is the material topological order, so an inferred edge may point to a LATER position; the edge set is acyclic
+  and recompiling a plan's own node order reproduces it exactly.
+- ``depends_on`` is the material dependencies, then the serialize edges, then the reader edges, each in plan order.
+- ``append_plan`` is a new generation: earlier nodes are byte-identical (never re-keyed, never given edges), new
+  edges land on new nodes only, ``base_digest`` is kept, ``generation`` + 1, and the total stays within
   ``maximum_plan_nodes`` (``elaboration_failed``, nothing returned).
 - ``verify_plan`` replays compile and every append from the stored drafts and refuses any difference with
-  ``invalid_plan`` — the plan is its own proof, like a git tree whose hashes are recomputed on fsck.
+  ``invalid_plan``.
 
-Cost (P5 goal: 100,000 nodes in <= 3 s, benchmarks/graph.py): plan keys and the digest are written by
-``_canon`` — canonical text composed from parts, each node's effects text and key text written once and reused
-by the digest — with the generic ``canonical.key`` walk (``keys._plan_key_reference``,
-``_plan_digest_reference``) as the definition it must equal and the path every refusal is raised from;
-declaration order that is already topological is recognised in one pass; compiled nodes are built like
-``model_construct`` builds them (``_trusted_node``) from values this module computed (drafts themselves are never trusted: entries are
-re-checked above).
-
-Priority in the digest: an int within ±(2**53-1) enters as a JSON number; beyond that (canonical JSON has no
-exact form for it) it enters as its decimal string. The two ranges are disjoint, so the encoding is injective.
+How compile stays fast: ARCHITECTURE.md ("plan").
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Which declared effects overlap, and the ordering edges and conflict annotations compile infers from them. PURE.
 
-``ProducerIndex`` answers "which nodes produce something these entries may overlap?". Invariant:
-``candidates(entries)`` returns exactly the positions ``p`` added so far for which
-``sets_overlap(entries, produced[p])`` holds under fileset's conservative rule (exact×exact, exact×tree, tree×tree
-and exact×glob decided precisely; glob×glob and tree×glob unless static prefixes prove them disjoint) — the index
-only avoids the all-pairs scan. Exact and tree paths are looked up through their ancestors and a per-directory
-"strictly under" table; globs and, for a glob query, trees are scanned (they are rare). Differentially tested against
-``fileset.sets_overlap``. Only a tree or glob query needs the "exact paths strictly under a directory" table, so
-exact paths are logged in order and that table is brought up to date from the log when such a query arrives.
-
-``infer_edges`` is compile's edge inference, the reference engine's two passes over plan order (material
-topological order), whatever order the nodes were declared in:
-
-1. **Conflicts.** For each pair (earlier E, later L) in plan order whose produced sets (writes ∪ removes)
-   overlap and where E is not an ancestor of L through the edges that existed before this pass (material
-   dependencies, and every edge of a frozen generation): ``fail`` if either says fail (``overlap_forbidden``),
-   else ``lane`` if either says lane, else ``serialize`` (edge L → E); runtime ``stop-merge`` if either says
-   so. Both nodes are annotated (a frozen node's row is never rewritten, so only L then), each naming the other
-   and the same ``paths``: the labels of E's produced entries that overlap L's. A serialize edge does not
-   count as "already ordered" for later pairs, so every overlapping writer of one path is annotated with every
-   other.
-2. **Reader after writer.** For each non-frozen reader R in plan order and each producer W ≠ R in plan order
-   (earlier or LATER) of something R reads: unless R already reaches W or W already reaches R through the
-   edges so far, add R → W. So a reader depends on every writer of what it reads, declared before or after it;
-   when W itself (transitively) depends on R, the declared order wins and R's read is a source read. Two nodes
-   that each read what the other writes are never refused: the first in plan order is ordered after the other.
-
-Edges may therefore point from an earlier plan position to a later one; the graph stays acyclic (pass 1 edges
-point backwards, and pass 2 adds an edge only when neither node reaches the other). Reachability is answered
-without a transitive closure: a topological order kept valid as edges are added bounds every search (an edge
-against the order moves only the writer and those of its ancestors that sit after the reader, to just before
-the reader), and each reader's ancestor search is lazy, expanding predecessors nearest-first and each at most
-once per reader.
+- :class:`ProducerIndex`: ``candidates(entries)`` returns exactly the positions ``p`` added so far for which
+  ``sets_overlap(entries, produced[p])`` holds under fileset's conservative rule; the index only avoids the
+  all-pairs scan (differentially tested against ``fileset.sets_overlap``).
+- :func:`infer_edges` is compile's edge inference, two passes over plan order whatever order the nodes were declared
+  in: conflicts, then reader-after-writer edges (docs/rules.md, "Plan compile"). A frozen node's row is never
+  rewritten.
+- The graph stays acyclic; reachability is answered without a transitive closure (ARCHITECTURE.md, "plan").
 """
 
 from __future__ import annotations

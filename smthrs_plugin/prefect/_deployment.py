@@ -1,45 +1,20 @@
 """Deployed durable flows: a flow run of a Prefect deployment waits in Prefect's own states, so the deployment's
 runner (``flow.serve()``) or work-pool worker continues it — no ``smthrs worker`` is needed.
 
-**How a deployment flow run is detected**: its ``FlowRunContext.flow_run.deployment_id`` is set
-(:func:`deployment_of`). Prefect sets it on every flow run created from a deployment — ``run_deployment``, a
-schedule, the UI, an automation — and those are exactly the flow runs a runner or a worker executes again when
-their state becomes ``Scheduled``. A direct call of the flow (a script, a test, a ``smthrs worker`` drive) has none
-and keeps today's behaviour: it parks *Paused* and ``smthrs worker --flow MODULE:FLOW`` continues it
-(``_flowrun.py``).
-
-Invariants
-- **Durable first.** The smthrs run is parked (fenced) before Prefect hears anything; Prefect's state only decides
-  WHEN the flow run executes again, never what it finds there: a re-execution reads the durable waits (a clock not
-  yet due parks again at its stored deadline, an undecided approval parks again).
-- **What Prefect is told** (state name ``Parked``; the message says what the run waits for):
-
-  * a timer → ``Scheduled`` at the stored deadline plus :data:`EARLY_START_MARGIN_MS`. The runner and workers poll
-    for Scheduled flow runs of their deployments (``ScheduledRunPoller``: ``scheduled_before = now + prefetch``)
-    and the server holds the Running transition until ``scheduled_time`` (``WaitForScheduledTime``) — but it
-    rounds the remaining delay to whole seconds, so a flow run may start up to half a second early; the margin
-    keeps that early start from finding the clock not yet due and parking once more.
-  * an approval or an event → ``Paused`` with ``pause_reschedule`` set: Prefect's own suspension (what
-    ``suspend_flow_run`` writes). Nothing runs it until it is resumed: :func:`resume_parked` — called by the Prefect
-    plugin's run waker after ``smthrs approve``/``deny``, ``sp.complete``, ``Control.signal`` or ``cancel``, in
-    whichever process decided — turns it ``Scheduled`` (``Resuming``) now, and the runner picks it up.
-- **No lost wake-up.** A wait answered between the durable park and Prefect's Paused state finds nothing to
-  resume, so after Prefect shows Paused the park checks the wait again and resumes the flow run itself when it was
-  answered meanwhile. Resuming is Prefect's compare-and-set (only a PAUSED flow run is resumed; the second asker
-  gets ABORT, answered :class:`HostNotParked`), so both sides asking is harmless.
-- **The same run on every execution** (:func:`claim_run`). Prefect re-executes the SAME flow run id, which binds
-  to ``prefect-<flow run id>`` and claims it back from its park: settled steps are served ``clean``, finished waits
-  return at once. A run that settled ``failed`` is followed by ``prefect-<id>-2``, ``-3``... (a Prefect retry of a
-  failed flow run is a new attempt; a deterministic successor, so every later execution finds it again). One that
-  settled ``completed`` or ``cancelled`` (a worker finished it; ``smthrs cancel``) ends the flow run in the
-  matching Prefect state without running the body. One held by a live owner refuses (``FenceLost``): fencing is
-  unchanged — the process Prefect starts claims the run, a stale one is refused.
-- Prefect is reached with THIS process's Prefect settings (``PREFECT_API_URL`` or the active profile). Without an
-  API URL nothing is attempted — Prefect would start an ephemeral server, which is not the one running the
-  deployment — and the waker answers :class:`HostWakeFailed` saying so.
-
-Prior art: Prefect's ``suspend_flow_run``/``resume_flow_run`` (a suspended deployment flow run leaves its
-infrastructure and is rescheduled on resume); Temporal's durable timers held by the server.
+- A deployment flow run is one whose ``flow_run.deployment_id`` is set (:func:`deployment_of`); a direct call of the
+  flow has none, parks *Paused* and ``smthrs worker --flow MODULE:FLOW`` continues it (``_flowrun.py``).
+- Durable first: the smthrs run is parked (fenced) before Prefect hears anything; Prefect's state only decides WHEN
+  the flow run executes again, never what it finds there.
+- A timer → ``Scheduled`` at the stored deadline plus :data:`EARLY_START_MARGIN_MS`; an approval or an event →
+  ``Paused`` with ``pause_reschedule``, turned ``Scheduled`` by :func:`resume_parked` (a flow run no longer paused
+  answers :class:`HostNotParked`). State name ``Parked``.
+- No lost wake-up: once Prefect shows Paused, the park checks its wait again and resumes the flow run itself when it
+  was answered meanwhile.
+- :func:`claim_run`: every execution binds ``prefect-<flow run id>`` (after one settled ``failed``: ``-2``, ``-3``,
+  ...); one settled ``completed``/``cancelled`` ends the flow run in the matching state without running the body;
+  one held by a live owner is ``FenceLost``.
+- Prefect is reached with THIS process's Prefect settings; without an API URL nothing is attempted and the waker
+  answers :class:`HostWakeFailed`.
 """
 
 from __future__ import annotations

@@ -1,63 +1,22 @@
 """The smthrs run of a Prefect flow run: which run a ``@flow`` body's steps and durable waits belong to, who owns
 it, and what happens to both sides when it parks.
 
-Invariants
-- **One smthrs run per Prefect flow run**, bound on the flow run's first smthrs call (a step, a wait):
-  * *deployment* (the flow run has a ``deployment_id``: ``flow.serve()``'s runner or a work-pool worker runs it,
-    see ``_deployment.py``): as *direct* below, but Prefect itself executes the SAME flow run id again after a
-    park, and every execution claims the same run back (``prefect-<flow run id>``; never a fresh suffix).
-  * *direct* (a script or a test calls the flow): the run is ``prefect-<flow run id>``, of flow
-    ``prefect/<flow name>``, created and claimed by the flow's own process and driven by an
-    :class:`~smthrs_plugin.engine.lease.RunLease` (heartbeat + cancellation poll + the run context the
-    waits use). A process that exits before the flow run ends releases it (atexit), so nothing waits for the 30 s
-    lease. If that id is already settled or held, the flow run journals into a fresh suffix and says so: steps are
-    content-addressed, the run is only their journal.
-  * *driven* (a :class:`~smthrs_plugin.engine.drive.driver.RunDriver` drives a run of the flow: ``smthrs worker``,
-    :func:`~smthrs_plugin.prefect.flows.durable_run`): the adapter in ``flows.py`` calls the flow with the driver's
-    run context; the flow run binds to THAT run, and the driver concludes it.
-- **Completed in smthrs before Completed in Prefect** (direct and deployment flow runs). Prefect sets a flow run's
-  final state first and runs its state hooks after, so a process dying in between (a killed runner, an OOM) would
-  leave Prefect showing Completed — and never running that flow run again — while the smthrs run stays
-  ``running`` until a lease lapses. So the run is concluded ``completed`` (durably, flushed hit records included)
-  when the flow run engine proposes ``Completed`` for the flow run, before the proposal is sent:
-  :func:`_conclude_before_prefect` wraps ``set_flow_run_state`` of the engine's own client
-  (``FlowRunContext.client``, the one object of the engine a flow body can reach). Not a wrapper around the flow
-  function: the engine reads ``flow.fn`` before the body's first smthrs call binds the run, so it would miss every
-  first call of a flow object — and every execution of a deployment's flow run, each in a fresh process. Hence
-  ``completed`` follows exactly what Prefect is about to show: a normal return (after Prefect persisted its
-  result — Prefect 3.9 only warns when it cannot, and still proposes Completed), or a body that returned a
-  ``Completed`` state; a body that returns a ``Failed`` state ends ``failed`` like a raise (the hook below). A
-  process dying after our commit and before Prefect hears leaves the flow run Running until Prefect declares it
-  Crashed, the smthrs run rightly ``completed`` (a deployment's re-execution finds it settled and ends Completed
-  without running the body). If Prefect then refuses the proposal (the flow run was cancelled meanwhile), the
-  smthrs run still says ``completed``: the body did finish. If the conclusion itself fails (database gone), the
-  error propagates — Prefect shows the flow run Failed with it — and the unconcluded run is taken over after its
-  lease by a driver, never settled ``failed`` for a body that finished.
-- **Failed, crashed and cancelled endings** are concluded by a state hook appended to the flow (``failed``,
-  ``cancelled``; a crash by interruption releases it), after Prefect set them: a death in between leaves the run
-  ``running`` until a driver takes it over after the lease, and a retry Prefect grants instead of Failed
-  (``AwaitingRetry``) keeps the same run. After a normal return the completion hook finds the run concluded (an
-  idempotent no-op); it still concludes a ``Completed`` that reached Prefect some other way.
-- **Every flow run records itself** (``prefect-flow-run``: flow run id, flow, parameters, and the
-  ``deployment_id`` of a deployment's flow run) in its run's journal partition when it binds, once per flow run.
-  The first record's parameters are what a driver calls the flow with when it resumes the run; the later ones
-  trace each incarnation; the latest tells the Prefect plugin's run waker which flow run to resume. When a
-  driver's flow run binds, the earlier incarnations Prefect still shows *Paused* (``Parked``) — or, for a
-  deployment, ``Scheduled`` to run again — are shown *Completed* (``Resumed``), naming the flow run that continues
-  them.
-- **Parking** (a wait beyond the in-process budget, a pending approval): the smthrs run is parked durably FIRST
-  (direct: right at the wait, fenced; driven: by the driver, as for any flow), then the Prefect flow run is set
-  *Paused* (state name ``Parked``, the message says what it waits for and how to resume) and the wait raises
-  :class:`ParkedFlowRun` — both our ``RunParked`` and Prefect's ``Pause`` signal — so Prefect records Paused rather
-  than Crashed and the caller can ``except sp.RunParked``. A deployment's flow run is set to the state Prefect
-  continues on its own instead (``Scheduled`` at a timer's deadline, ``Paused`` with reschedule for an approval or
-  an event; ``_deployment.py``), and re-checks its wait once Prefect shows it, so an answer that arrived in between
-  is not lost. A direct flow run whose parameters are not plain JSON refuses to park
-  (``WaitError(unresumable_flow)``): no driver could ever call it again.
+- One smthrs run per Prefect flow run, bound on its first smthrs call (a step, a wait): *direct* (a script or a
+  test calls the flow) → ``prefect-<flow run id>`` of flow ``prefect/<flow name>``, held by an
+  :class:`~smthrs_plugin.engine.lease.RunLease` (a fresh suffix if that id is settled or held; released at exit);
+  *deployment* → the same id claimed back on every execution (``_deployment.py``); *driven* (a
+  :class:`~smthrs_plugin.engine.drive.driver.RunDriver`: ``smthrs worker``,
+  :func:`~smthrs_plugin.prefect.flows.durable_run`) → the driver's run, which the driver concludes.
+- Completed in smthrs before Completed in Prefect: the run is concluded ``completed`` when the flow run engine
+  proposes ``Completed``, before the proposal is sent (:func:`_conclude_before_prefect`).
+- Failed and cancelled endings are concluded by a state hook after Prefect set them (a crash by interruption
+  releases the run; ``AwaitingRetry`` keeps it).
+- Every flow run journals ``prefect-flow-run`` (id, flow, parameters, ``deployment_id``) once, when it binds.
+- Parking: the smthrs run is parked durably FIRST, then the flow run is set *Paused* (``Parked``) and the wait raises
+  :class:`ParkedFlowRun` (both ``RunParked`` and Prefect's ``Pause``). A direct flow run whose parameters are not
+  plain JSON refuses to park (``WaitError(unresumable_flow)``).
 
-Prior art: Temporal's workflow id (a run is keyed by the caller, incarnations are runs of it); Prefect's own
-``suspend_flow_run`` (a Paused state plus a ``Pause`` signal), which needs a deployment to come back — ours needs
-only a driver that imports the flow.
+Why and how, ending by ending: ARCHITECTURE.md ("prefect").
 """
 
 from __future__ import annotations

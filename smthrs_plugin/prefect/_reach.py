@@ -1,41 +1,16 @@
 """What a ``@step``'s identity folds, computed once when it is decorated (:func:`step_identity`).
 
-A step's key must change when the code it runs changes, not only its own lines: a helper module it calls, a
-constant another module defines, the installed library it uses. So the identity folds, besides the function's
-``module:qualname`` and the SHA-256 of its source:
+Besides the function's ``module:qualname`` and the SHA-256 of its source: ``modules`` (``{module name: SHA-256 of
+its file}`` for every project module the step reaches transitively) and ``distributions`` (``{distribution:
+version}`` for every installed distribution providing a module it reaches). The exact rules are in docs/rules.md
+("What a ``@step``'s identity folds").
 
-- ``modules``: ``{module name: SHA-256 of its file}`` for every module of the project the step reaches
-  transitively;
-- ``distributions``: ``{distribution: version}`` for every installed distribution providing a module it reaches.
-
-Invariants
-- **Named as imported.** A function of the ``__main__`` script is named by the module name it has when imported
-  (:func:`module_name_of`): its ``__spec__`` under ``python -m``, else its file's path relative to the ``sys.path``
-  entry holding it, extended up through package ``__init__.py`` files, else the file stem. ``python pipe.py`` and
-  ``import pipe`` both key ``pipe:total``. A flow file Prefect's script loader had to load under a stand-in name
-  (``__prefect_loader_<digest>__``) is named the same way.
-- **Exactly what it reaches.** Of the step's OWN module only what its code names is folded: the source of each
-  function and class of that module it names (transitively) and the value of each plain constant it names — so
-  editing a sibling step or an unrelated constant in the same file rebuilds nothing. Something of its own module
-  that cannot be folded alone (an object of the module's own class, a large constant) folds the whole file.
-- **Reached, never run.** From there, the walk follows the modules its code names (globals of its code objects,
-  nested code and closures included: modules, and functions, classes or objects by their ``__module__``) and the
-  import statements of every reached project module (read with :mod:`ast`), each folded whole. A name is
-  resolved from ``sys.modules``, else by asking ``PathFinder`` for its spec: nothing is imported, no module code
-  runs. A dynamic import the source does not spell out is reached only if the function's globals name it.
-- **Project module**: its file lies under a project root — the workspace when given, the ``__main__`` script's
-  directory, the directory the function's top-level package is imported from (the working directory for a
-  function of a notebook or interactive session, which has no file) — and not under the interpreter's
-  stdlib or site-packages (``sysconfig``, any ``site-packages``/``dist-packages`` directory), nor in
-  smthrs_plugin. Each is folded by name and the SHA-256 of its bytes. Any other reached module is folded by the
-  versions of the distributions providing its top-level package (``importlib.metadata``); the stdlib is covered
-  by the Python version every step key already folds; smthrs_plugin is the cache, not the step's code, and is
-  not folded.
-- **Cheap.** A file is read again only when its stat changed or it was modified too recently for its stat to be
-  trusted (an edit within the clock's resolution keeps the stat); its imports are parsed once per content digest,
-  so 50 steps of one module parse it once. Names resolve once per ``sys.path``.
-- **Bounded.** More than ``max_modules`` (default :data:`MAX_MODULES`) reached modules is
-  ``CacheError(key_uncomputable)`` naming the roots, raised at decoration.
+- Named as imported (:func:`module_name_of`): a ``__main__`` function is named by the module name it has when
+  imported.
+- Of the step's own module only what its code names is folded; every other reached project module is folded whole.
+- Reached, never run: names resolve from ``sys.modules``, else ``PathFinder``; nothing is imported.
+- More than ``max_modules`` (default :data:`MAX_MODULES`) reached modules is ``CacheError(key_uncomputable)`` naming
+  the roots, raised at decoration.
 """
 
 from __future__ import annotations

@@ -1,44 +1,19 @@
 """Remote execution: node and ``@step`` bodies run on task-runner workers that share only the artifact store
 (S3) with the coordinator; the workspace never leaves the coordinator's machine.
 
-How a remote miss runs (Bazel's remote execution, on Prefect's task runners):
-1. The coordinator runs the cache dispatch seam as for an in-process job: key, lookup (a hit is served and
-   replayed here, no worker involved), and on a miss the sandbox seeded with exactly the declared reads.
-2. The body, instead of running in that sandbox, is shipped: the sandbox tree's manifest is taken and every blob
-   the store lacks is uploaded (``boundary._transfer``); the body (the executor or the step function, with the
-   manifest and the store's URL) is submitted to the flow's task runner. On a ``DaskTaskRunner`` it is a plain
-   task of the runner's own cluster, pickled here by cloudpickle: the node's task run on the coordinator is the
-   one Prefect shows, and neither Prefect's context serialisation, Dask's argument tokenizing nor a second task
-   engine is paid per body (a body has no Prefect run context: log with ``logging``, not ``get_run_logger``).
-   On any other runner it is a ``smthrs-body`` task run named ``"<node> #<attempt> · remote"``.
-3. The worker hydrates an empty private tree from the store alone (every blob verified by digest), runs the body
-   there, diffs the tree by content, uploads the changed files and returns the value with the delta.
-4. The coordinator applies the delta to its sandbox tree (every path checked, every blob verified), and the seam
-   goes on exactly as for a local body: whole-tree diff, boundary refusals, compare-and-set copy-back into the
-   workspace, journaled settlement, cache publication.
+The coordinator keys, looks up (a hit never involves a worker) and seeds the sandbox; on a miss the body is shipped
+with the sandbox's manifest (missing blobs uploaded, ``boundary/transfer.py``), the worker hydrates an empty tree
+from the store, runs the body and returns the value with a content delta, and the coordinator applies it to its
+sandbox before the usual diff, copy-back, settlement and publication.
 
-Invariants
-- **A worker never opens the workspace path** (it is never sent) and **writes nothing but content-addressed
-  blobs**: every durable record — attempt row, journal, local cache row, shared entry — is written by the
-  coordinator in its own transaction, fenced by the run's owner token exactly as for an in-process job. A worker
-  that is gone, late or duplicated can add unreferenced blobs, nothing else.
-- **Hermetic by construction**: the worker's tree holds only the declared reads (what the coordinator's sandbox
-  seeded), so an undeclared read finds no file there either.
-- **No clock crosses**: the delta is computed by content, files land with the coordinator's own timestamps, and
-  no lease, deadline or timestamp is read from a worker — a worker whose clock is off changes nothing.
-- **A missing input is re-uploaded once**: a worker that cannot hydrate a blob (gone from the store, or corrupt
-  under its name) fails with ``RemoteError(input_unavailable)``; the coordinator replaces every input blob and
-  submits the body once more; a second failure is the node's typed failure.
-- **A worker that dies mid-body** is the task runner's to retry (Dask reschedules a task whose worker died on
-  another worker; the body starts again on a fresh tree). The coordinator applies the one delta that comes back.
-  If the runner gives up, the node fails with the runner's error; the attempt row is settled ``failed`` by the
-  coordinator, fenced, like any failed attempt.
-
-Where bodies run is decided per flow run from its task runner (:func:`execution_for`) and the ``execution``
-choice (``SMTHRS_EXECUTION``, ``PrefectHost(execution=...)``, ``step_settings(execution=...)``).
-
-Prior art: Bazel's remote execution API (input root by digest in the CAS, outputs returned as digests),
-Prefect's ``task_runner.submit`` contract.
+- A worker never opens the workspace path and writes nothing but content-addressed blobs; every durable record is
+  written by the coordinator, fenced by the run's owner token.
+- Hermetic by construction (the worker's tree holds only the declared reads); no clock crosses from a worker.
+- A missing input is ``RemoteError(input_unavailable)``: every input blob is replaced and the body submitted once
+  more; a second failure is the node's typed failure.
+- A worker that dies mid-body is the task runner's to retry; if it gives up, the attempt settles ``failed``, fenced.
+- Where bodies run: :func:`execution_for` (the flow's task runner and ``SMTHRS_EXECUTION``,
+  ``PrefectHost(execution=...)``, ``step_settings(execution=...)``).
 """
 
 from __future__ import annotations

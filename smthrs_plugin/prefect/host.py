@@ -1,44 +1,19 @@
-"""The Prefect host: every node dispatch of a plan is one Prefect task run, submitted through the current flow
-run's task runner (threads, processes or Dask), named after the node.
+"""The Prefect host: every node dispatch of a plan is one Prefect task run named ``"<node id> #<attempt>"``,
+submitted through the current flow run's task runner (threads, processes or Dask).
 
-Invariants
 - Prefect orchestrates, the plugin caches: node tasks are built with ``cache_policy=NO_CACHE,
-  persist_result=False, retries=0`` — Prefect never caches or retries a node on its own (the scheduler owns
-  rebases, the dispatch seam owns the cache).
-- A node costs Prefect one task run and nothing more: the task object is built once per plan (each node a cheap
-  renamed copy), no ``wait_for`` edges (a node is submitted only once its inputs settled), no result persisted,
-  the outcome read from the finished state in memory, and no tag unless asked (``PrefectHost(tags=...)``, or a
-  ``prefect.tags(...)`` block around the run): Prefect pays a tag-concurrency slot request per tagged task run,
-  more than the whole rest of a node's overhead here, and a plan's task runs are already grouped by their flow
-  run.
-- On an in-process runner (``ThreadPoolTaskRunner``) the host ``shares_process``: a node's job runs on one of
-  the runner's threads in this process, so its settlement commits through the coordinator's commit queue and a
-  sealed node may start before its attempt row commits (``scheduler._session``, pipelining). Other runners get
-  each job only after its attempt row committed.
-- A task run's name is ``"<node id> #<attempt>"``; its final state mirrors the dispatch: ``Completed`` (built),
-  ``Completed`` named ``Cached`` (clean: a verified hit), ``Failed`` (the node failed; named ``Conflict`` for a
-  copy-back conflict the scheduler will rebase). The coordinator receives the :class:`JobOutcome` either way.
-- Submission happens on the coordinator thread, which is the flow's thread (``PlanScheduler.run`` is called from
-  the flow body), so the task runner and the flow-run context are the flow's own.
-- Where a body runs is decided per submission from the flow's task runner and ``execution``
-  (:func:`._remote.execution_for`). In-process runners receive the job as is. ``shared`` (a process pool, a Dask
-  runner that starts its own ``LocalCluster``, or chosen): the runner receives the job with a picklable
-  :class:`~._worker.WorkerDispatcher` (engines and filesystems open lazily in the worker, never pickled) and the
-  worker runs the whole seam against the workspace path. ``remote`` (any other out-of-process runner, unless
-  ``shared`` is chosen): the node's task run runs on this process's coordinator-side runner with the seam and the
-  workspace, and only the body travels, through the artifact store (:mod:`._remote`); the host then
-  ``shares_process`` like an in-process one. Either way every write is fenced by the run's owner token.
-- Completions are mirrored as Prefect events (``smthrs.node.built | clean | failed``, and ``smthrs.cache.refused``
-  when an existing entry was not served; catalogue: :mod:`._events`) on the flow's own context, and, when the pass
-  ends, the Report — naming the smthrs run id and the commands that inspect it — is attached to the flow run as a
-  markdown artifact (see :mod:`.plugin`). A node's event is sent after the coordinator has its outcome
-  (the settlement is durable by then), so telling Prefect never delays the node's dependents. A plan run that
-  parks inside :func:`run_plan_in_flow` is announced (``smthrs.run.parked``, ``smthrs.approval.requested``, an
-  artifact and a state message naming the commands that approve, inspect or cancel it). Prefect being unreachable
-  for an event is Prefect's own (logged) concern; it never changes a node's outcome.
+  persist_result=False, retries=0`` (the scheduler owns rebases, the dispatch seam owns the cache).
+- The task run's final state mirrors the dispatch: ``Completed`` (built), ``Completed`` named ``Cached`` (clean),
+  ``Failed`` (named ``Conflict`` for a copy-back conflict the scheduler will rebase).
+- On an in-process runner the host ``shares_process`` (a sealed node may start before its attempt row commits:
+  ``scheduler/_session.py``); other runners get each job only after its attempt row committed. Submission happens
+  on the flow's own thread.
+- Where a body runs (in process, ``shared``, ``remote``) is decided per submission (:func:`._remote.execution_for`);
+  every write is fenced by the run's owner token.
+- Completions are mirrored as Prefect events (:mod:`._events`) once the outcome is durable, and a parked plan run
+  is announced (:func:`run_plan_in_flow`); Prefect being unreachable never changes a node's outcome.
 
-Prior art: Bazel's remote execution (the scheduler keys and caches; executors only run), Prefect's own
-``task_runner.submit`` contract.
+Costs, placements and what Prefect shows: ARCHITECTURE.md ("prefect").
 """
 
 from __future__ import annotations

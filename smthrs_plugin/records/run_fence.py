@@ -1,35 +1,17 @@
 """The fence every durable write of an owned run passes, and the one statement shape of a run transition.
 
-Part of the runs owner (:mod:`smthrs_plugin.records.runs`, which re-exports it). Invariants:
+Part of the runs owner (:mod:`smthrs_plugin.records.runs`, which re-exports it).
 
-- :func:`assert_owner` runs INSIDE the caller's write transaction and refuses (``FenceLost``) unless the run row
-  is ``running`` and owned by exactly this incarnation. Because writes are serialized (SQLite write lock,
-  PostgreSQL SERIALIZABLE with whole-transaction retry), a steal that commits first makes every later write of
-  the old owner fail, and a steal that commits later sees the old owner's write as already done. A zombie
-  (SIGSTOPped, partitioned) owner is therefore harmless: the row it writes to refuses it.
-- Terminal transitions pass ``terminal=True``, which also refuses when a cancellation was requested
-  (``FenceLost(cancel_requested)``); ``RunStore.finish`` instead turns that case into an explicit
-  ``Cancelled`` outcome (see runs.py).
-- A transition is one conditional statement (:class:`RunUpdate`): ``UPDATE runs ... WHERE <fence> RETURNING``
-  with the global revision bump riding in it and happening ONLY when the row matched, so a miss writes nothing
-  and consumes no revision. Its RETURNING carries the observed columns, so the journaled execution fact is the
-  row as the change left it without a read after it (:func:`bump_run_observed`). Statements are prepared once
-  (:class:`DriverStatement`): the hot transitions run thousands of times a second.
-- On PostgreSQL a journaled transition may also be ONE statement with its journal record
-  (:func:`bump_run_journaled`, :meth:`RunUpdate.write_journaled`): the fact is computed from the row as this
-  process last saw it (a hint, :func:`remember_observed`) and the statement matches only while every observed
-  column still holds that value. A stale or missing hint writes nothing and the caller runs the transaction
-  path instead; the journal bytes are the same either way.
-
-- :func:`fenced_block` checks the fence ONCE for a block of writes that cannot change the run row (attempt
-  rows, journal records, cache rows: a scheduler's group commit of many settlements); :func:`assert_owner`
-  calls for the same connection, run and owner inside the block answer from that check without a statement.
-  Sound because the block is inside one serialized write transaction: no other writer can change the row
-  before it commits (SQLite's write lock; PostgreSQL SERIALIZABLE fails the commit instead). Terminal checks
+- :func:`assert_owner` runs INSIDE the caller's write transaction and refuses (``FenceLost``) unless the run row is
+  ``running`` and owned by exactly this incarnation; ``terminal=True`` also refuses when a cancellation was
+  requested (``FenceLost(cancel_requested)``).
+- A transition is one conditional statement (:class:`RunUpdate`): a miss writes nothing and consumes no revision;
+  its RETURNING is the row the journaled fact is built from (:func:`bump_run_observed`).
+- On PostgreSQL a journaled transition may be ONE statement with its record (:func:`bump_run_journaled`,
+  :meth:`RunUpdate.write_journaled`); a stale or missing hint (:func:`remember_observed`) writes nothing and the
+  caller runs the transaction path. The journal bytes are the same either way.
+- :func:`fenced_block` checks the fence ONCE for a block of writes that cannot change the run row; terminal checks
   (``terminal=True``) always read the row.
-
-Prior art: Temporal's shard ownership fencing (range id checked in the same transaction), Kleppmann's fencing
-tokens.
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """The runs owner: every run-row transition, the fence, and the only decoder of a run row.
 
-Invariants:
-
-- **One owner.** Every statement on ``runs`` and ``run_tombstones`` is here (or in its private parts
-  ``_run_rows``/``run_fence``, re-exported below), and so is the read of the revision watermark
-  (:func:`watermark_in`); everything else calls these functions and never imports the table. The observers (change
-  feed, catalog, snapshots) compose the ``*_in`` reads at the end into ONE read transaction of their own. Callers still compose ONE transaction: the ``*_in(conn, ...)`` functions and ``bump_run*`` write on the
-  caller's connection, so a fenced update and its journal record commit together or not at all.
-- **Revisions.** Every run-row mutation (create, claim, activation, heartbeat, suspension, cancellation request
-  and acknowledgement, settlement, parent edge, deletion) takes a new value of the global per-database revision
-  in the same transaction (``Database.next_revision``) and stores it on the row (or its tombstone), so revision
-  order is commit order and a change feed can catch up from any revision.
-- **Tombstones forever.** Deleting a run leaves a ``run_tombstones`` row (kept indefinitely); recreating the id
-  gives a strictly newer live revision. Deleting prunes the run's parent edges (a trigger does it for any
-  deleter) and its attempts (foreign key cascade).
-- **Run DAG.** ``record_run_parent(child, parent)`` is first writer wins per pair; the edge is inserted and the
-  parent's ancestor chain walked over the durable edges in the SAME write transaction (``run_dag``), so a cycle
-  rolls back with nothing left behind (``RunParentCycleError``).
-- **Fenced lifecycle.** ``finish`` and ``suspend`` assert the owner inside their transaction
-  (:func:`assert_owner`). A terminal transition whose run had a cancellation requested settles ``cancelled``
-  instead and answers :class:`Cancelled` (the explicit outcome; ``assert_owner(terminal=True)`` is the raising
-  variant for other terminal writers). Every transition journals its record in the run's partition in the same
-  transaction, with the run's execution fact (the observation of the row as the change left it, returned by the
-  fenced UPDATE itself; on PostgreSQL a suspension may be one statement with its record, see
-  :func:`bump_run_journaled`).
-- **Corruption is local.** List reads skip a row that does not decode, with ONE warning naming its key; point
-  reads fail with ``decode_failed`` (reporting "no row" for a durably recorded but unreadable run would re-run
-  work whose side effects already ran).
-
-Prior art: the reference ``RunStore``/``DurableEngineState``, DBOS's ``SystemDatabase``,
-Kubernetes resourceVersion.
+- One owner: every statement on ``runs`` and ``run_tombstones``, and the read of the revision watermark
+  (:func:`watermark_in`), is here or in its parts ``_run_rows``/``run_fence``. Callers compose ONE transaction
+  through the ``*_in(conn, ...)`` functions and ``bump_run*``.
+- Every run-row mutation takes a new global revision in its transaction: revision order is commit order.
+- Deleting a run leaves a ``run_tombstones`` row forever; recreating the id gives a strictly newer live revision.
+- ``record_run_parent(child, parent)`` is first writer wins per pair; a cycle rolls back (``RunParentCycleError``).
+- ``finish`` and ``suspend`` are fenced (:func:`assert_owner`); a terminal transition of a run with a cancellation
+  requested settles ``cancelled`` and answers :class:`Cancelled`. Every transition journals its record, with the
+  run's execution fact, in the same transaction.
+- List reads skip a row that does not decode, with ONE warning naming its key; point reads fail ``decode_failed``.
 """
 
 from __future__ import annotations

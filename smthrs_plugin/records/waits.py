@@ -1,33 +1,15 @@
 """The waits owner: deferreds, clocks, park and wake — the state that lets a waiting run survive its process.
 
-Invariants (the reference's durable waits):
-
-- **One owner.** Every statement on ``deferred_completions`` and ``clock_deadlines`` is here, and the decoders of
-  their rows and of a waiting run are in its part ``wait_rows``; run-row changes go through the runs
-  owner (``runs``), journal records through ``journal``, in the caller's one transaction.
-- **Deferreds** are addressed by (flow, execution id, name) and completed once: first writer wins
-  (``Completed | Existing``, the second writer learns the stored value). The consumed flag is set (by the owner,
-  fenced) BEFORE a value is served, so registration-time recovery (:meth:`completed_deferreds`) leaves out
-  completions a run already observed; the value stays readable for replay.
-- **Clocks** carry an absolute ``due_at_ms``. Scheduling is first writer wins AND fenced on the run's owner, so a
-  process that lost the run cannot arm a timer against it; a re-run gets ``Existing`` with the ORIGINAL deadline.
-  ``complete_clock`` is first writer wins (``Completed | AlreadyCompleted | NotFound``). A settled run's clocks
-  are closed in its terminal transaction (:meth:`complete_run_clocks_in`): a timer firing against a run with no
-  future could only schedule a resume nothing will drive.
-- **Park** is fenced and atomic with the status change: in ONE transaction the owner's fence is checked, the
-  earliest pending deadline read, and the row set ``suspended`` with ``timer`` (that deadline as wake time) or
-  ``event``; a lost fence rolls the park back. **Wake** turns a parked run ``pending`` (waiting cleared,
-  claimable by any driver) and journals ``run-woken``; ``complete_deferred(..., wake=True)`` and
-  ``complete_clock(..., wake=True)`` wake in the completing transaction, so a crash between the two is impossible.
-- Every mutation journals its record in the run's partition in the same transaction; the lifecycle ones carry the
-  run's execution fact (``engine/facts.py``). A mutation that returned is durable: callers wake in-process waiters
-  (the wake bus) only after it returns.
-- **Corruption is local.** List reads (``pending_clocks``, ``due_clocks``, ``completed_deferreds``,
-  ``waiting_runs``) skip a row that does not decode with one warning naming its key, so one bad row cannot stop a
-  registration, a timer sweep or a cancellation sweep; point reads (``deferred``, ``clock``, ``waiting``) fail
-  with ``decode_failed``. Listings exclude rows of settled runs.
-
-Prior art: the reference ``DurableEngineState``, Temporal's durable timers and signals.
+- One owner of ``deferred_completions`` and ``clock_deadlines`` (row decoders in ``wait_rows``); run-row changes go
+  through ``runs``, journal records through ``journal``, in the caller's one transaction.
+- Deferreds, addressed by (flow, execution id, name), and clocks, with an absolute ``due_at_ms``, are completed
+  once: first writer wins. Scheduling a clock is also fenced on the run's owner; a re-run gets the ORIGINAL deadline.
+- Park is fenced and atomic with the status change; wake turns a parked run ``pending`` and journals ``run-woken``
+  (``wake=True`` wakes in the completing transaction). A settled run's clocks close in its terminal transaction.
+- Every mutation journals its record in the same transaction; a mutation that returned is durable, so callers wake
+  in-process waiters only after it returns.
+- List reads skip a row that does not decode, with one warning naming its key; point reads fail ``decode_failed``;
+  listings exclude rows of settled runs.
 """
 
 from __future__ import annotations

@@ -1,33 +1,19 @@
 """One pass of one run: node preparation (measure → key → replay/refuse/dispatch) and every durable write.
 
-The coordinator (``_coordinator.py``) decides *when*; this module decides *what* and writes it. It is shared with
-the deliberately naive reference coordinator of the differential tests, which replaces only readiness and
-admission, so both produce byte-identical journals, attempt rows and cache keys for the same decisions.
+The coordinator (``_coordinator.py``) decides *when*; this module decides *what* and writes it (shared with the naive
+reference coordinator of the differential tests, so both write identical journals, attempt rows and cache keys).
 
-Invariants
-- Coordinator writes are buffered and committed by :meth:`RunSession.flush` in ONE fenced transaction per
-  scheduling step (an admission pass, a batch of completions, a reconciliation page), in the order they were
-  decided, together with the settle transactions this process's jobs queued meanwhile (``_commits.py``; each
-  in its own savepoint, after the buffered writes). Batching never splits a settlement from its attempt row: a
-  dispatched node's attempt row, ``attempt-finished`` and final ``node-settled`` commit in the dispatch seam's
-  transaction (``job.py``), and nothing is reported before that commit.
-- A job is submitted after the transaction that began its attempt row committed — except a **pipelined** job
-  (a sealed, non-timer node on a host whose jobs share this process, ``Host.shares_process``): it starts at
-  once, and its begin commits in the same transaction as its own settlement or an earlier one (both go
-  through this coordinator's flush, begin first), so no reader ever sees a settlement without its attempt
-  row. A crash before that commit leaves no trace of the attempt; sealed work is content-keyed and simply runs
-  again. Compensable, irreversible and timer nodes always wait for their begin: their recovery reads it.
-- Attempt rows are numbered by this pass (:attr:`RunSession.last_row`, from the rows read at its start): the
-  run's only writer is its fenced owner, and a number already taken is refused by the primary key, loudly.
-- Preparation reads source pins (never re-measured) and measures produced reads now; a measurement failure is
-  ``SchedulerError(boundary_unavailable)`` with its cause, raised before an attempt or cache row exists.
-- :meth:`RunSession.fail_running` (after an interrupt) marks every attempt the owner still has ``started`` in
-  the run ``failed``, each with its ``attempt-finished``, in ONE fenced transaction; :meth:`RunSession.cleanup`
-  (any other abort) marks only this pass's unsettled attempts, after their jobs returned.
-- Sealed nodes are keyed by content (``plan.keys.dispatch_key``); compensable and irreversible nodes by the
-  run-local key. A completed attempt of the same node under the same key in this run replays as ``clean``
-  with no executor call. An irreversible node whose previous attempt did not complete is refused (``failed``),
-  never retried; a compensable one gets its last attempt's pre-image restored first.
+- Writes are buffered and committed by :meth:`RunSession.flush` in ONE fenced transaction per scheduling step, in
+  decision order; a settlement never commits without its attempt row, and nothing is reported before its commit.
+- A job is submitted after its attempt row's begin committed, except a pipelined job (a sealed, non-timer node on
+  a host that ``shares_process``), whose begin commits with or before its settlement.
+- Attempt rows are numbered by this pass (:attr:`RunSession.last_row`); a number already taken is refused by the
+  primary key.
+- A measurement failure is ``SchedulerError(boundary_unavailable)``, raised before an attempt or cache row exists.
+- :meth:`RunSession.fail_running` (after an interrupt) and :meth:`RunSession.cleanup` (any other abort) settle
+  unsettled attempts ``failed``.
+- A completed attempt of the same node under the same key replays ``clean``; an irreversible node whose previous
+  attempt did not complete is refused, a compensable one gets its pre-image restored first.
 """
 
 from __future__ import annotations

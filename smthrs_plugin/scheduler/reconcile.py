@@ -1,33 +1,14 @@
 """Reconciliation: the verdict on a boundary deviation, or on a conflict the runtime strategy could not absorb.
 
-A reconciler answers a :class:`Deviation` or a :class:`ConflictCase` with a :data:`Verdict`:
-``Reorder | FactorOut | Fail``. It is injected into the scheduler's constructor (dependency injection at the
-owning seam; the hooks layer exposes it as a plugin later); :class:`DefaultReconciler` is deterministic, in
-this order of preference (as the reference requires):
+A reconciler answers a :class:`Deviation` or a :class:`ConflictCase` with a :data:`Verdict` (``Reorder | FactorOut |
+Fail``); it is injected into the scheduler's constructor. :class:`DefaultReconciler` is deterministic: ``Reorder``
+(``depends_on`` in plan order) when every deviating path is one other plan nodes declare they write, ``FactorOut``
+when another node of the run deviated on exactly the same paths, ``Fail`` otherwise and always for a conflict.
 
-- ``Reorder(depends_on)`` when every deviating path is one that other plan nodes declare they write: a real
-  dependency the declaration missed, made explicit (``depends_on`` in plan order).
-- ``FactorOut(paths)`` when another node of the same run deviated on exactly the same paths. Content
-  addressing collapses two identical extracted steps to one key by itself, so the verdict is a record and a
-  hint.
-- ``Fail`` otherwise — a deviation nothing explains is genuinely wrong — and always for a conflict: choosing a
-  winner between two landings is a semantic judgement this default has no material for.
-
-Invariants
-- The scheduler attributes every deviation of a journal page (``deviation-recorded``) before it judges any of
-  them, and :class:`ReconcileContext` carries every deviation attributed in the run so far, so two steps that
-  produced the same undeclared paths both see each other: deviating identically is a symmetric fact, and
-  which of the pair the journal listed first must not decide the verdict.
-- What a verdict does to the node (enforced by the coordinator, ``_coordinator.py``), for a deviation and for an
-  unabsorbed conflict alike — a custom reconciler may answer either with any verdict: ``Fail`` settles it
-  ``failed``; ``Reorder`` adds a discovered readiness edge (``RuntimeGraph.discover``) and the node runs again,
-  afresh, once the named nodes settled — keyed, measured and fed by its declared predecessors only — unless they
-  had all settled before its attempt began (the order already held: the staged outcome stands, a conflict
-  fails), and it fails the node when it cannot be honoured (unknown node, itself, a cycle, irreversible work);
-  ``FactorOut`` keeps a staged outcome (a record and a hint) and cannot absorb a conflict (``failed``).
-  Undeclared writes never reach the workspace (the sandbox copies back declared outputs only) and a deviating
-  result never enters the shared cache, so accepting a staged outcome is safe; every verdict is journaled
-  (``node-reconciled``) and reported, a re-judged node's each time.
+- :class:`ReconcileContext` carries every deviation attributed in the run so far (a journal page is attributed before
+  any of it is judged): which of two identical deviations the journal listed first never decides the verdict.
+- The coordinator enforces a verdict (the README's "Deviations, conflicts and reconciliation"); every verdict is
+  journaled (``node-reconciled``) and reported, a re-judged node's each time.
 """
 
 from __future__ import annotations

@@ -1,34 +1,19 @@
 """``POST /rpc``: the control plane's verbs as JSON-RPC 2.0 methods. PURE of any web framework (``_app.py`` is the
 HTTP side: bounded body, credential, status codes).
 
-Methods are named after the CLI verbs and take the CLI's argument and option names as ``params`` (snake_case):
-``plan {path | text, inputs?}``, ``show {run_id}``, ``runs {status?, flow?, limit?, cursor?}``, ``approve {ident,
-request?, digest?, scope?, key?}``, ``deny {ident, request?, digest?, key?}``, ``cancel {run_id, reason?}``,
-``resume {run_id, key}``, ``signal {run_id, name, value, key?}``, and the review page's reads ``review.pending {}``
-and ``review.card {ident}``. A result is the object the CLI prints with ``--json`` (``wire.py``).
+Methods are the CLI verbs, taking the CLI's argument and option names as ``params`` (the README's ``smthrs serve``
+section), plus the review page's reads ``review.pending {}`` and ``review.card {ident}``. A result is the object the
+CLI prints with ``--json`` (``wire.py``).
 
-Invariants
-- **One request object per call**, with an ``id``: a batch (an array) and a notification (no ``id``: a mutation
-  whose answer nobody reads) are refused ``-32600``, before anything runs. Unknown params are refused ``-32602``
-  (a misspelt ``key`` must not silently become a derived key).
-- **Mutations go through :class:`~smthrs_plugin.control.facade.Control` exactly like the CLI**: the same identity
-  boundary, receipts and idempotency (a retried call answers ``AlreadyApplied``), as the principal the transport
-  authenticated. Principal fields a caller puts in ``params`` (``as``, ``as_``, ``principal``) are dropped before
-  anything reads them; a ``principal`` inside a signal's ``value`` is the caller's data and stays.
-- **``resume`` records, it does not drive.** Driving a plan run means executing its commands in the server process
-  with the server's privileges, for as long as the run takes, inside a web request; instead the receipt and
-  ``control.run.resume`` are recorded (``launcher=None``) and the run is driven where runs are driven
-  (``smthrs worker``, or ``smthrs resume RUN --key K`` with the same key, which answers ``AlreadyApplied`` and
-  drives it). A node approval wakes a parked run itself (the decision's resume delegation).
-- **Errors are typed.** A refusal answers a JSON-RPC error whose ``data`` is the typed error (``family``, ``code``,
-  ``message`` and its details, never its internal ``cause``): ``-32700`` for a body the bounded decoder refuses
-  (not JSON, not UTF-8, a duplicate member name, an integer of more than 100 digits, too deep; ``data.bound`` says
-  which), ``-32600`` for a body that is not one request object (a batch, a non-object, no ``id``, no ``method``
-  string, unknown members), ``-32601`` for an unknown method, ``-32602`` for refused params or input, ``-32000``
-  for every other refusal. Anything else is a bug: logged with its traceback on the server, answered ``-32603``
-  with no details.
-- ``plan {path}`` reads a plan file INSIDE the server's workspace only (a relative path is relative to it); ``plan
-  {text}`` takes the YAML itself. Either is bounded by the plan-file reader.
+- One request object per call, with an ``id``: a batch or a notification is refused ``-32600`` before anything runs;
+  unknown params ``-32602``.
+- Mutations go through :class:`~smthrs_plugin.control.facade.Control` exactly like the CLI, as the principal the
+  transport authenticated; principal fields in ``params`` (``as``, ``as_``, ``principal``) are dropped (a
+  ``principal`` inside a signal's ``value`` stays).
+- ``resume`` records the receipt (``launcher=None``); it does not drive the run.
+- A refusal is a JSON-RPC error whose ``data`` is the typed error, never its ``cause`` (codes: docs/rules.md,
+  "JSON-RPC"); anything else is a bug, logged and answered ``-32603`` with no details.
+- ``plan {path}`` reads a plan file INSIDE the server's workspace only; ``plan {text}`` takes the YAML itself.
 """
 
 from __future__ import annotations

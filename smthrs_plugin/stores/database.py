@@ -1,36 +1,19 @@
 """The one SQL database behind every durable store: SQLite (WAL, ``BEGIN IMMEDIATE``) or PostgreSQL (SERIALIZABLE).
 
-Invariants:
-
-- **Serialized writes.** Every write transaction is serializable: SQLite takes the write lock at ``BEGIN
-  IMMEDIATE`` (no deferred-lock upgrade, so no "database is locked" mid-transaction); PostgreSQL runs at
-  ``SERIALIZABLE`` and :meth:`Database.write` re-runs the WHOLE transaction callback on SQLSTATE 40001/40P01,
-  a bounded number of times. A callback therefore must be a pure function of what it reads through ``conn``
-  (plus its arguments): it may run more than once, and only the last run commits.
-- **One writer helper.** Every store writes through :meth:`Database.write`. A ``write`` inside an open write on
-  the same thread becomes a SAVEPOINT of the outer transaction, so store calls compose into one atomic unit
-  (a run transition and its journal record commit together or not at all).
-- **Post-commit effects.** :meth:`Database.on_commit` callbacks run only after the OUTERMOST commit, in
-  registration order; callbacks of a rolled-back savepoint or of a retried attempt are discarded.
-- **Global revision.** :meth:`Database.next_revision` bumps the per-database revision counter in the caller's
-  transaction; stores call it for every run-row mutation, so revision order is commit order.
-- **One-statement transactions.** :meth:`Database.write_statement` runs a statement that is a whole write
-  transaction by itself; on PostgreSQL it is sent outside BEGIN/COMMIT at the same SERIALIZABLE level (one
-  round trip instead of three), with the same retry.
-- **Writers are reused, never shared.** A write connection whose transaction ended cleanly is kept for the next
-  write of any thread (see :meth:`_Handle.take_writer`): one transaction at a time on it, never two.
-- **Hot statements skip SQLAlchemy's execution layer, nothing else.** A :class:`DriverStatement` is a Core
-  statement compiled once per dialect and sent to the driver connection of the caller's open transaction: same
-  SQL, same connection, same transaction, same error mapping (driver errors are re-raised as SQLAlchemy
-  ``DBAPIError``, so the 40001 retry and the typed errors of :meth:`Database.write` apply unchanged).
-- **Per-process engines.** Engines are created lazily, once per (process, URL), and are never pickled: a
-  :class:`Database` pickles as its URL and reopens in the receiving process (Prefect process pools, Dask).
-- **Durability is explicit.** SQLite file databases run in WAL mode with ``PRAGMA synchronous = FULL`` by
-  default (an fsync of the WAL per commit). ``NORMAL`` (``SMTHRS_SQLITE_SYNCHRONOUS=normal``) is an opt-in
-  trade, never a fallback: see :func:`open_database`. One process uses one mode per database file.
-
-Prior art: SQLite's WAL + ``BEGIN IMMEDIATE`` guidance; PostgreSQL's SSI retry contract ("applications must be
-prepared to retry transactions due to serialization failures"); Django's ``transaction.on_commit``.
+- Every write transaction is serializable; on PostgreSQL :meth:`Database.write` re-runs the WHOLE callback on
+  SQLSTATE 40001/40P01 (a bounded number of times), so a callback must be a pure function of what it reads through
+  ``conn`` and its arguments: it may run more than once, and only the last run commits.
+- Every store writes through :meth:`Database.write`; a ``write`` inside an open write on the same thread is a
+  SAVEPOINT of the outer transaction.
+- :meth:`Database.on_commit` callbacks run only after the OUTERMOST commit, in registration order; those of a
+  rolled-back savepoint or a retried attempt are discarded.
+- :meth:`Database.next_revision` bumps the revision in the caller's transaction: revision order is commit order.
+- :meth:`Database.write_statement` runs a statement that is a whole write transaction by itself, with the same retry.
+- A :class:`DriverStatement` is compiled once per dialect and runs on the caller's open transaction, with the same
+  error mapping.
+- Engines are per (process, URL) and never pickled: a :class:`Database` pickles as its URL.
+- SQLite file databases run with ``synchronous = FULL`` unless ``SMTHRS_SQLITE_SYNCHRONOUS=normal`` opts in
+  (:func:`open_database`); one process uses one mode per database file.
 """
 
 from __future__ import annotations

@@ -1,38 +1,17 @@
 """Run ownership: claim → activate, heartbeat, release, and stealing from an owner on evidence.
 
-Invariants:
-
-- Exactly one incarnation (:class:`~smthrs_plugin.records.runs.OwnerId`) owns a ``running`` run. Every durable
-  write of an owned run is fenced inside its transaction (:func:`assert_owner`, or a conditional UPDATE on the
-  owner columns), so a process that lost the run gets ``FenceLost`` from the row it writes to.
-- Claiming a ``pending``/``suspended`` run is two serialized transactions: the *claim* records a pending claim
-  (token) unless another incarnation holds a fresh one (:class:`ClaimLost`); *activation* turns the row
-  ``running`` under the claimant only if the row still carries that token (:class:`ActivationLost` otherwise:
-  recovery fencing or an expired claim taken over in between). Of two racing claimants exactly one activates.
-  In the common case each is ONE conditional statement (reserve: ``UPDATE ... WHERE claimable RETURNING``;
-  activate: ``UPDATE ... WHERE token, status and waiting reason unchanged RETURNING``); a miss writes nothing
-  and the row is then judged as read in a transaction, exactly as before. On PostgreSQL the activation and its
-  journal record are one statement too (see records.runs.RunUpdate.write_journaled).
-- A ``running`` row is taken over only on evidence from the liveness check (liveness.py): a :class:`Dead`
-  verdict steals (one transaction, compare-and-set on the owner AND the heartbeat read when judging, journaled
-  ``stolen-and-activated {evidence}``). The check is consulted only once the lease expired: a lease is fresh while
-  ``heartbeat_at >= now - stale_after`` (30,000 ms, no skew added), so a heartbeat exactly 30,000 ms old is still
-  fresh and the first expired age is 30,001 ms. An :class:`Alive` verdict on an expired lease is
-  :class:`StealRefusedOwnerAlive`, journaled ``steal-refused-owner-alive {evidence}`` ONCE per (run, owner, lease,
-  evidence) through the journal's idempotent address (source sequence 0). "The lease" is the heartbeat timestamp
-  refused against.
-- A fresh lease is :class:`HeartbeatFresh` without asking the check, and is journaled too, as
-  ``steal-refused-owner-alive {owner, lease, evidence: "lease-fresh"}`` — but ONCE per (run, owner), naming the
-  lease of the first such refusal, not once per lease: a live owner renews its lease every second, so a per-lease
-  record would let a claimer that waits (a retrying CLI, a worker) write one record per retry. A repeat costs one
-  indexed read and writes nothing.
-- The liveness check runs OUTSIDE the write transaction (a probe may be slow; the SQLite write lock must not
-  wait on it); the steal then re-checks that the row is still exactly what was judged.
-- Time comes from the injected clock; the stale window from Settings (stale after 30 s; the 10 s
-  skew allowance only derives the heartbeater's 19 s self-interrupt tolerance; tests shorten them with
-  SMTHRS_STALE_AFTER_S etc.).
-
-Prior art: the reference's ``Ownership`` and its journal records (ownership and fencing).
+- Exactly one incarnation (:class:`~smthrs_plugin.records.runs.OwnerId`) owns a ``running`` run; every durable write
+  of it is fenced inside its transaction (:func:`assert_owner`, or a conditional UPDATE on the owner columns), so a
+  process that lost the run gets ``FenceLost``.
+- Claiming is two serialized transactions: the claim (:class:`ClaimLost` if another incarnation holds a fresh one),
+  then activation (:class:`ActivationLost` unless the row still carries the claim's token). Of two racing claimants
+  exactly one activates.
+- A ``running`` row is taken over only on a :class:`Dead` verdict of the liveness check, asked only once the lease
+  expired (docs/rules.md, "Constants"); :class:`Alive` refuses with :class:`StealRefusedOwnerAlive`, a fresh lease
+  with :class:`HeartbeatFresh`. Refusals are journaled once (ARCHITECTURE.md, "engine").
+- The liveness check runs OUTSIDE the write transaction; the steal then re-checks that the row is still exactly what
+  was judged.
+- Time comes from the injected clock; the stale window from Settings.
 """
 
 from __future__ import annotations
