@@ -170,8 +170,9 @@ class StoreError(SmthrsError):
 
     Database faults are named by what they are (``stores/dberrors.py``): ``unreachable`` (server down, bad host,
     a file that cannot be opened), ``disk_full``, ``locked`` (a lock held past the wait), ``read_only``,
-    ``not_a_database`` (the file exists but is not SQLite), ``corrupt`` (a malformed database image),
-    ``schema_too_new``. The first four are passing faults (:func:`passing_fault`)."""
+    ``contended`` (PostgreSQL serialization conflicts past the retry budget), ``not_a_database`` (the file exists
+    but is not SQLite), ``corrupt`` (a malformed database image), ``schema_too_new``. The first five are passing
+    faults (:func:`passing_fault`)."""
 
     family = "store"
     codes = _codes(
@@ -190,10 +191,11 @@ class StoreError(SmthrsError):
         # database faults named by what they are (stores/dberrors.py)
         "disk_full",
         "locked",
+        "contended",
         "not_a_database",
         "corrupt",
     )
-    passing_codes = _codes("unreachable", "disk_full", "locked", "read_only")
+    passing_codes = _codes("unreachable", "disk_full", "locked", "read_only", "contended")
 
     def to_dict(self) -> dict[str, Any]:
         """As :meth:`SmthrsError.to_dict`, but the ``cause`` shows only its first line: the rest of a SQLAlchemy

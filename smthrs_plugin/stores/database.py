@@ -65,8 +65,12 @@ _JITTER = random.Random()
 
 #: How long a SQLite writer waits for the write lock before failing (the lock is held for milliseconds).
 SQLITE_BUSY_TIMEOUT_S = 30.0
-#: Whole-transaction attempts on PostgreSQL serialization failures (40001) and deadlocks (40P01).
+#: Whole-transaction attempts on PostgreSQL serialization failures (40001) and deadlocks (40P01) ...
 MAX_WRITE_ATTEMPTS = 64
+#: ... and for at least this long: a burst of concurrent writers (many coordinators sharing one database)
+#: outlasts 64 quick retries. Like SQLite's busy timeout, a writer keeps trying this long, then reports the
+#: passing fault ``contended`` (the run is left resumable, never failed).
+SERIALIZATION_PATIENCE_S = 30.0
 _PG_CONNECT_TIMEOUT_S = 5
 #: A pooled PostgreSQL connection idle longer than this is pinged before reuse.
 _PG_IDLE_PING_S = 5.0
@@ -193,6 +197,7 @@ class Database:
 
     def _retrying(self, attempt_once: Callable[[], T]) -> T:
         attempt = 0
+        patience = time.monotonic() + SERIALIZATION_PATIENCE_S
         while True:
             attempt += 1
             try:
@@ -200,7 +205,9 @@ class Database:
             except SmthrsError:
                 raise
             except sa_exc.DBAPIError as exc:
-                if sqlstate(exc) in RETRY_SQLSTATES and attempt < MAX_WRITE_ATTEMPTS:
+                if sqlstate(exc) in RETRY_SQLSTATES and (
+                    attempt < MAX_WRITE_ATTEMPTS or time.monotonic() < patience
+                ):
                     # Jittered exponential backoff: concurrent writers of one hot row (the revision counter)
                     # must not retry in lockstep.
                     time.sleep(_JITTER.uniform(0, min(0.1, 0.001 * 2 ** min(attempt, 10))))

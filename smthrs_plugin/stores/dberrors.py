@@ -15,11 +15,14 @@ Invariants:
   ``read_only``       ``SQLITE_READONLY``                         ``25006`` (a standby / read-only transaction)
   ``unreachable``     ``SQLITE_CANTOPEN``: the file cannot open   class ``08``, ``57P01-03``, ``53300``, or any
                                                                   failure to connect / a dropped connection
-  ``store_failed``    anything else (and PostgreSQL serialization conflicts after the bounded retries)
+  ``contended``       —                                           ``40001``/``40P01`` still failing after the
+                                                                  retries (``Database.write``'s budget)
+  ``store_failed``    anything else
   ==================  =========================================  =============================================
 
-  ``unreachable``, ``disk_full``, ``locked`` and ``read_only`` are passing faults (``errors.passing_fault``): a run
-  they stop is left resumable and the CLI exits 75.
+  ``unreachable``, ``disk_full``, ``locked``, ``read_only`` and ``contended`` are passing faults
+  (``errors.passing_fault``): a run they stop is left resumable and the CLI exits 75. Contention is the
+  environment's (how many writers share the database), never a node's failure: it must not burn a run.
 - **No SQL in a message.** A SQLAlchemy exception's text carries the statement and its parameters; a message quotes
   only the first line of the DRIVER's own error. The exception itself is kept on ``cause`` (and ``__cause__``: the
   callers raise ``... from exc``) for a traceback; ``StoreError.to_dict`` (what ``--json`` prints) shows only its
@@ -135,7 +138,7 @@ def fault_kind(db: NamedDatabase, exc: BaseException, *, connecting: bool = Fals
         if isinstance(state, str) and state.startswith("08"):
             return "unreachable"
         if state in RETRY_SQLSTATES:
-            return "store_failed"
+            return "contended"
         # A server that refused or dropped the connection; a SQLite file that cannot be opened is CANTOPEN above.
         if connecting or getattr(exc, "connection_invalidated", False):
             return "unreachable"
@@ -198,10 +201,11 @@ def store_error(
             "accepts connections and that the URL's host, port, database and credentials are right, then run the "
             "same command again"
         )
-    elif not sqlite and sqlstate(exc) in RETRY_SQLSTATES:
+    elif kind == "contended":
         message = (
             f"{op} on {where} kept failing with serialization conflicts after {attempts} attempts; the database "
-            "is heavily contended: retry later or reduce concurrent writers"
+            "is heavily contended by concurrent writers: run the same command again later (nothing was written), "
+            "or run fewer coordinators against this database at once"
         )
     else:
         message = (

@@ -127,7 +127,7 @@ def test_refusals_exit_3_for_the_denial_family_and_2_for_everything_else() -> No
 
 #: The passing faults of the environment, as the README states them: exit 75, never 1 or 2.
 PASSING = {("store", "unreachable"), ("store", "disk_full"), ("store", "locked"), ("store", "read_only"),
-           ("artifacts", "unavailable")}  # fmt: skip
+           ("store", "contended"), ("artifacts", "unavailable")}  # fmt: skip
 
 
 def _families(cls: type[SmthrsError]) -> list[type[SmthrsError]]:

@@ -39,7 +39,9 @@ def _assert_named(err: StoreError, code: str, *fix: str, driver: bool = True) ->
         assert sql not in err.message and sql not in shown, (sql, shown)
     if driver:
         assert err.cause is not None and err.__cause__ is not None  # the driver's exception is kept
-    assert (passing_fault(err) is err) == (code in {"disk_full", "locked", "read_only", "unreachable"})
+    assert (passing_fault(err) is err) == (
+        code in {"disk_full", "locked", "read_only", "unreachable", "contended"}
+    )
 
 
 def _grow(db: Database) -> None:
@@ -152,3 +154,41 @@ def test_a_schema_newer_than_the_code_is_named_with_the_fix(sqlite_url: str) -> 
         open_database(sqlite_url)
     assert caught.value.code == "schema_too_new" and "upgrade smthrs_plugin" in caught.value.message
     assert passing_fault(caught.value) is None
+
+
+@pytest.mark.postgres
+def test_serialization_conflicts_past_the_retry_budget_are_the_passing_fault_contended(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every attempt reads a row, another session updates it and commits, then the attempt updates it too: a real
+    # 40001 each time. The budget is made small here; by default it is 64 attempts and at least 30 s.
+    from smthrs_plugin.stores import database as database_module
+
+    monkeypatch.setattr(database_module, "MAX_WRITE_ATTEMPTS", 3)
+    monkeypatch.setattr(database_module, "SERIALIZATION_PATIENCE_S", 0.0)
+    other = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with other.connect() as o:
+        o.exec_driver_sql("CREATE TABLE contention_probe (id integer PRIMARY KEY, v integer NOT NULL)")
+        o.exec_driver_sql("INSERT INTO contention_probe VALUES (1, 0)")
+    db = open_database(postgres_url)
+    attempts: list[int] = []
+
+    def conflicting(conn: sa.Connection) -> None:
+        attempts.append(1)
+        conn.exec_driver_sql("SELECT v FROM contention_probe WHERE id = 1").all()
+        with other.connect() as o:
+            o.exec_driver_sql("UPDATE contention_probe SET v = v + 1 WHERE id = 1")
+        conn.exec_driver_sql("UPDATE contention_probe SET v = v + 1 WHERE id = 1")
+
+    try:
+        with pytest.raises(StoreError) as caught:
+            db.write(conflicting)
+    finally:
+        db.close()
+        other.dispose()
+    _assert_named(
+        caught.value, "contended", "serialization conflicts after 3 attempts", "run the same command again"
+    )
+    assert (
+        len(attempts) == 3
+    )  # the whole transaction re-ran each time, then the fault was named, not store_failed
