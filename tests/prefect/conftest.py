@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _procs import die_with_parent
 
 from smthrs_plugin.prefect.environment import DEFAULT_STARTUP_TIMEOUT_S
 
@@ -66,6 +67,7 @@ def prefect_api() -> Iterator[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: teardown stops the server and its children only
+        preexec_fn=die_with_parent,
     )
     # As long as the ephemeral server's budget (prefect/environment.py): a first start on a busy machine is slow.
     deadline = time.monotonic() + DEFAULT_STARTUP_TIMEOUT_S

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from _procs import die_with_parent
 
 import smthrs_plugin as sp
 from smthrs_plugin.runtime import Runtime
@@ -40,6 +41,7 @@ class ServerProcess:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=die_with_parent,
         )
         self.stderr: list[str] = []
         self.stdout: list[str] = []
