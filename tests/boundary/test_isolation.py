@@ -337,54 +337,64 @@ def test_a_non_root_user_gets_the_namespace_view_or_a_typed_refusal_and_process(
     (root / "data/raw.csv").write_text("x")
     for p in (ws, ws / "data", tmp_path / "sb", root, root / "data"):
         p.chmod(0o777)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the non-root child reports through the pipe
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(nobody.pw_gid, nobody.pw_gid, nobody.pw_gid)
-            os.setresuid(nobody.pw_uid, nobody.pw_uid, nobody.pw_uid)
-            import ctypes
+    # A fresh interpreter forks the non-root child, not this test worker: libraries an earlier test loaded here may
+    # restart threads in every forked child (os.register_at_fork), and a user namespace needs a single thread.
+    script = textwrap.dedent(
+        f"""
+        import ctypes, os, sys, tempfile, traceback
+        from pathlib import Path
+        from smthrs_plugin.boundary import Declaration, IsolatedCall, resolve_isolation
+        from smthrs_plugin.errors import BoundaryError, BoundaryRefusal
 
-            ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self/uid_map is writable again
-            import smthrs_plugin.boundary._isolate as iso
-
-            iso._PROBE.clear()
-            tempfile.tempdir = str(tmp_path)  # the suite's own temporary directory is root's alone
+        ws, root = Path({str(ws)!r}), Path({str(root)!r})
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
             try:
-                kind = resolve_isolation("namespace", workspace=ws)
-            except BoundaryError as exc:
-                assert exc.code == "isolation_unavailable", exc
-                kind = resolve_isolation("auto", workspace=ws)
-            call = IsolatedCall(ws, root, Declaration.of(reads=["data/raw.csv"], writes=["out.txt"]), kind)
-            # In a namespace even the absolute workspace path lands in the sandbox; in a process, the relative one.
-            target = ws / "out.txt" if kind == "namespace" else Path("out.txt")
-
-            def body() -> str:
-                target.write_text(Path("data/raw.csv").read_text() + str(os.getuid()))
+                os.close(r)
+                os.setgroups([])
+                os.setresgid({nobody.pw_gid}, {nobody.pw_gid}, {nobody.pw_gid})
+                os.setresuid({nobody.pw_uid}, {nobody.pw_uid}, {nobody.pw_uid})
+                ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self/uid_map is writable again
+                tempfile.tempdir = {str(tmp_path)!r}  # the suite's own temporary directory is root's alone
                 try:
-                    read(ws / "secret.txt")
-                except BoundaryRefusal as exc:
-                    return exc.code
-                return "read the secret"
+                    kind = resolve_isolation("namespace", workspace=ws)
+                except BoundaryError as exc:
+                    assert exc.code == "isolation_unavailable", exc
+                    kind = resolve_isolation("auto", workspace=ws)
+                call = IsolatedCall(ws, root, Declaration.of(reads=["data/raw.csv"], writes=["out.txt"]), kind)
+                # In a namespace even the absolute workspace path lands in the sandbox; in a process, the relative.
+                target = ws / "out.txt" if kind == "namespace" else Path("out.txt")
 
-            os.write(w, f"{kind} {call.run(body)}".encode())
-            code = 0
-        except BaseException as exc:
-            import traceback
+                def body():
+                    target.write_text(Path("data/raw.csv").read_text() + str(os.getuid()))
+                    try:
+                        with open(ws / "secret.txt") as f:  # a plain open, as a flow author writes it
+                            f.read()
+                    except BoundaryRefusal as exc:
+                        return exc.code
+                    return "read the secret"
 
-            os.write(w, "".join(traceback.format_exception(exc)).encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    out = b""
-    while chunk := os.read(r, 4096):
-        out += chunk
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        pytest.fail(out.decode(errors="replace"), pytrace=False)  # the whole traceback, untruncated
+                os.write(w, f"{{kind}} {{call.run(body)}}".encode())
+                code = 0
+            except BaseException as exc:
+                os.write(w, "".join(traceback.format_exception(exc)).encode())
+            finally:
+                os._exit(code)
+        os.close(w)
+        out = b""
+        while chunk := os.read(r, 4096):
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(out.decode(errors="replace"))
+        sys.exit(os.waitstatus_to_exitcode(status))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail(done.stdout + done.stderr, pytrace=False)  # the whole traceback, untruncated
+    out = done.stdout.encode()
     assert out.decode() in ("namespace undeclared_read", "process undeclared_read")
     assert (root / "out.txt").read_text() == f"x{nobody.pw_uid}"
     assert (root / "out.txt").stat().st_uid == nobody.pw_uid  # owned by the user, not a mapped root

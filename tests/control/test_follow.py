@@ -13,8 +13,9 @@ import pytest
 from _control_support import journal_types, release_plan
 
 from smthrs_plugin._clock import ManualClock
-from smthrs_plugin.cli.control_support import Held, follow
+from smthrs_plugin.cli.control_support import follow
 from smthrs_plugin.control.facade import AdmittedRun, Control
+from smthrs_plugin.control.follow import Held
 from smthrs_plugin.engine.ownership.arbiter import Activated, Ownership
 from smthrs_plugin.engine.ownership.liveness import Alive
 from smthrs_plugin.records.journal import Journal
