@@ -1,7 +1,7 @@
 """The docs name only what the repository holds.
 
 Every repository path named in a docstring or comment under ``smthrs_plugin/``, or in README.md, ARCHITECTURE.md
-or ``docs/*.md``, must exist; package-relative mentions (``records/runs.py``, ``_flowrun.py``) resolve against
+or the docs site (``docs/**/*.md``), must exist; package-relative mentions (``records/runs.py``, ``_flowrun.py``) resolve against
 ``smthrs_plugin/`` or against the mentioning module's own package (or one enclosing it). No text cites a document
 outside the repository, an issue number or a "seed N". Each failure lists every offender as ``file:line: text``.
 """
@@ -33,7 +33,7 @@ _SUFFIXES = (".py", ".md", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".json", ".
 
 
 def _markdown_files() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _python_files() -> list[Path]:

@@ -1,4 +1,4 @@
-"""README.md stays true: every code block marked ``<!-- tested-by: PATH -->`` is the code that test runs.
+"""README.md and docs/ stay true: every code block marked ``<!-- tested-by: PATH -->`` is the code that test runs.
 
 Each such test executes its example verbatim; this module pins that the README still shows that same code (up to
 indentation, blank lines and string escaping), so the two cannot drift apart silently.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 _MARKED = re.compile(r"<!-- tested-by: (\S+) -->\n```python\n(.*?)```", re.DOTALL)
 
 
@@ -21,7 +21,7 @@ def _lines(text: str) -> list[str]:
 
 
 def _marked_blocks() -> list[tuple[str, str]]:
-    return _MARKED.findall(README.read_text(encoding="utf-8"))
+    return [m for page in PAGES for m in _MARKED.findall(page.read_text(encoding="utf-8"))]
 
 
 def test_readme_marks_its_tested_examples() -> None:

@@ -51,7 +51,7 @@ smthrs worker --flow nightly_flow:nightly --run night-1   # exit 0: completed
 
 
 def test_readme_shows_these_commands() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "durable-waits.md").read_text(encoding="utf-8")
     for line in COMMANDS.splitlines():
         assert f"$ {line}" in readme, line
 
