@@ -310,6 +310,8 @@ class CacheError(SmthrsError):
         "missing_read",
         # a signed shared entry outside the bounds every reader enforces (size, depth): never published
         "entry_out_of_bounds",
+        # the shared tier's S3 bucket does not exist: refused before anything runs or is written
+        "bucket_missing",
     )
 
 

@@ -15,7 +15,10 @@ Invariants
   served; an expired or refreshed entry is replaced by the build's result.
 - **Same key, different result** fails with ``CacheError(result_mismatch)`` unless declared ``nondeterministic``.
 - **Failures**: the body's and the boundary's settle ``failed``; database and local-store failures propagate; the
-  shared tier never fails a dispatch (unavailable → a miss, or left unpublished, with a warning).
+  shared tier never fails a dispatch (unavailable → a miss, or left unpublished, with a warning) — except a shared
+  tier whose S3 bucket does not exist: ``CacheError(bucket_missing)`` before anything runs or is written.
+- **Publishing takes a configured key**: with only the generated workspace key a shared tier outside the workspace
+  is read, never written (:func:`.signing.shared_trust`); the process says so once in its log.
 - The seam never computes a key: ``request.key`` is used as given; a malformed request is a typed ``CacheError``
   before anything is written.
 """
@@ -77,7 +80,14 @@ from .model import (
     VerifiedHit,
 )
 from .shared import PublicationFailed, Published, Refusal, Replaced, SharedTier, same_store
-from .signing import Trust, shared_trust_warning, trust_from_settings
+from .signing import (
+    SigningKey,
+    Trust,
+    reads_only_notice,
+    shared_trust,
+    shared_trust_warning,
+    trust_from_settings,
+)
 
 __all__ = ["CacheDispatcher", "PROVENANCE_EVENT"]
 
@@ -95,15 +105,15 @@ _WARNED: set[str] = set()
 _WARNED_LOCK = threading.Lock()
 
 
-def _warn_once(message: str | None) -> None:
-    """Log a trust warning once per process (a dispatcher is built per workspace, often more than once)."""
+def _warn_once(message: str | None, level: int = logging.WARNING) -> None:
+    """Log a trust message once per process (a dispatcher is built per workspace, often more than once)."""
     if message is None:
         return
     with _WARNED_LOCK:
         if message in _WARNED:
             return
         _WARNED.add(message)
-    log.warning("%s", message)
+    log.log(level, "%s", message)
 
 
 @dataclass
@@ -200,12 +210,13 @@ class CacheDispatcher:
         self.size_caps: SizeCaps = size_caps
         self.shared = SharedTier(
             self.shared_store,
-            trust,
+            shared_trust(trust, self.shared_store.url, self.workspace),
             clock=clock,
             revocation_refresh_ms=int(revocation_refresh_s * 1000),
             revocation_memory=db,
         )
         _warn_once(shared_trust_warning(trust, self.shared_store.url, self.workspace))
+        _warn_once(reads_only_notice(trust, self.shared_store.url, self.workspace), logging.INFO)
         self.journal = journal if journal is not None else Journal(db, clock=clock)
         self.metrics = metrics
         self.sandbox_mode: SandboxMode = sandbox_mode
@@ -214,6 +225,11 @@ class CacheDispatcher:
         self.limits = limits
         self.temp_dir = temp_dir
         self.codecs: CodecRegistry = codecs if codecs is not None else default_registry()
+
+    @property
+    def _signer(self) -> SigningKey | None:
+        """The key this dispatcher publishes to its shared tier with (None: it reads that tier only)."""
+        return None if self.shared.trust is None else self.shared.trust.signer
 
     # -- the seam --------------------------------------------------------------------------------------------
 
@@ -237,6 +253,8 @@ class CacheDispatcher:
         timer = PhaseTimer()
         if request.tier != "sealed" or request.no_cache:
             return self._build(request, execute, None, timer)
+        if request.consult_shared or (request.publish_shared and self._signer is not None):
+            self.shared.require_bucket()  # a missing bucket fails here, before anything runs or is written
         seen = _Consulted()
         decision, served = self._consult(request, timer, seen)
         self.metrics.cache_decision(decision.tag)
@@ -820,14 +838,14 @@ class CacheDispatcher:
     def _publish_shared(
         self, request: DispatchRequest, entry: CacheEntry, result: DispatchResult, seen: _Consulted
     ) -> DispatchResult:
-        if self.trust.signer is None:
+        if self._signer is None:
             self._journal(
                 request,
                 {
                     "action": "unpublished",
                     "stage": "signing",
-                    "reason": "this machine has no signing key (SMTHRS_CACHE_SIGNING_KEY): it reads the shared"
-                    " tier but never publishes to it",
+                    "reason": "this machine has no publishing key (SMTHRS_CACHE_SIGNING_KEY or"
+                    " SMTHRS_CACHE_SIGNING_KEY_BLOCK): it reads the shared tier but never publishes to it",
                 },
             )
             return _published(result, "unpublished:unsigned")

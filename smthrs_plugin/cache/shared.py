@@ -14,6 +14,9 @@
   a publication failure keeps its stage (:class:`PublicationFailed`: ``bounds``, ``blobs``, ``entry``) and never
   fails the run.
 - ``gc`` reads every decodable entry whatever its signature (:meth:`SharedTier.iter_entries`).
+- A shared tier on S3 whose bucket does not exist is a configuration error, not a passing fault:
+  :func:`missing_bucket` tells it apart from an endpoint that does not answer, :func:`bucket_missing_error` names
+  the fix.
 
 Quarantine, races and gc: ARCHITECTURE.md ("cache").
 """
@@ -49,6 +52,10 @@ __all__ = [
     "Published",
     "Replaced",
     "AlreadyPublished",
+    "bucket_missing_error",
+    "bucket_of",
+    "create_bucket_command",
+    "missing_bucket",
     "PublishOutcome",
     "PublicationFailed",
     "SIGNATURE_CONTEXT",
@@ -168,6 +175,61 @@ def copy_blobs(digests: Iterable[str], src: ArtifactStore, dst: ArtifactStore) -
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return len(missing)
+
+
+def bucket_of(store: ArtifactStore) -> str | None:
+    """The S3 bucket ``store`` lives in (``s3://BUCKET/prefix``), or None for a store that is not on S3."""
+    if store.kind != "s3":
+        return None
+    return store.url.split("://", 1)[1].split("/", 1)[0] or None
+
+
+def missing_bucket(store: ArtifactStore) -> str | None:
+    """The bucket of an S3 ``store`` when it does not exist (one ``HeadBucket``), else None (it exists — or
+    exists and refuses this caller, which its reads and writes report — or ``store`` is not on S3). Raises
+    ``ArtifactError(unavailable)`` when the endpoint does not answer: that is a passing fault, not a missing
+    bucket."""
+    bucket = bucket_of(store)
+    if bucket is None:
+        return None
+    fs = store.fs
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        return bucket
+    except PermissionError:
+        return None  # it exists (HeadBucket answers 404 only for an absent bucket)
+    except Exception as exc:
+        raise ArtifactError(
+            "unavailable",
+            f"artifact store {store.url} did not answer whether bucket {bucket!r} exists: {type(exc).__name__}:"
+            f" {exc}. Check the endpoint and the credentials, then retry",
+            cause=exc,
+            url=store.url,
+        ) from exc
+    return None
+
+
+def create_bucket_command(store: ArtifactStore, bucket: str) -> str:
+    """The AWS CLI command that creates ``bucket`` where ``store`` looks for it (its endpoint, when not AWS)."""
+    options = store.storage_options
+    client = options.get("client_kwargs")
+    endpoint = options.get("endpoint_url") or (
+        client.get("endpoint_url") if isinstance(client, dict) else None
+    )
+    return f"aws s3 mb s3://{bucket}" + (f" --endpoint-url {endpoint}" if endpoint else "")
+
+
+def bucket_missing_error(store: ArtifactStore, bucket: str) -> CacheError:
+    """The refusal of a shared tier whose bucket does not exist: what to create, or what to point elsewhere."""
+    return CacheError(
+        "bucket_missing",
+        f"the shared cache tier {store.url} is in bucket {bucket!r}, which does not exist; nothing was run or"
+        f" written. Create the bucket (`{create_bucket_command(store, bucket)}`), or point SMTHRS_ARTIFACTS_URL"
+        " (or SMTHRS_ARTIFACTS_BLOCK) at an existing one; `smthrs doctor` checks the setup",
+        url=store.url,
+        bucket=bucket,
+    )
 
 
 def sign_document(entry: CacheEntry, trust: Trust) -> bytes:
@@ -304,9 +366,29 @@ class SharedTier:
     ) -> None:
         self.store = store
         self.trust = trust
+        self._bucket_known = bucket_of(store) is None  # nothing to check off S3
         self.revocations = Revocations(
             revocation_store(store), clock=clock, refresh_ms=revocation_refresh_ms, memory=revocation_memory
         )
+
+    def require_bucket(self) -> None:
+        """Refuse (``CacheError(bucket_missing)``) a tier whose S3 bucket does not exist, before its first read or
+        write; once the bucket is seen, never asked again. An endpoint that does not answer is not refused here:
+        the lookup or publication that follows meets the same fault and reports it as a passing one, as always."""
+        if self._bucket_known:
+            return
+        try:
+            bucket = missing_bucket(self.store)
+        except ArtifactError as exc:
+            log.debug(
+                "could not check the bucket of %s (the next read or write reports it): %s",
+                self.store.url,
+                exc,
+            )
+            return
+        if bucket is not None:
+            raise bucket_missing_error(self.store, bucket)
+        self._bucket_known = True
 
     # -- reading ---------------------------------------------------------------------------------------------
 

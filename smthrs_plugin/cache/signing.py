@@ -9,6 +9,9 @@ signed by a key it trusts: whoever can write the bucket could otherwise hand eve
 - :class:`Trust` is what a dispatcher is given: the signer (None → never publish to the shared tier) and the trusted
   public keys, its own first; :func:`trust_from_settings` builds it once per process (the settings are in
   docs/rules.md).
+- Publishing to a shared tier takes a CONFIGURED key (a file or a ``Secret`` block, or one a caller passes): the
+  workspace key generated when none is configured signs only the workspace's own store (:func:`shared_trust`), so
+  a machine nobody gave a key never uploads entries only it trusts into a team's bucket.
 - Key files are read strictly: a malformed file or value is a typed error naming it (``SettingsError`` for a
   setting, ``CacheError(invalid_key)`` for an explicit path), never skipped. Private keys are written ``0600`` with
   create-if-absent (``os.link``), so two processes creating the workspace key at once agree on one key.
@@ -48,8 +51,12 @@ __all__ = [
     "parse_trusted_keys",
     "workspace_key",
     "trust_from_settings",
+    "configured_signing_key",
     "WORKSPACE_KEY_DIR",
+    "is_workspace_store",
+    "shared_trust",
     "shared_trust_warning",
+    "reads_only_notice",
 ]
 
 #: Hex characters of a key id (64 bits of the public key's SHA-256: enough to name a team's few publishers).
@@ -324,19 +331,25 @@ class Trust:
         return f"signing key {own}; trusted {', '.join(self.publishers) or 'none'} ({self.origin})"
 
 
+def configured_signing_key(settings: CacheSettings) -> SigningKey | None:
+    """The publishing key the settings configure (``SMTHRS_CACHE_SIGNING_KEY`` or ``_BLOCK``, loaded now), or None
+    when neither is set. ``SettingsError`` naming the variable when it cannot be read."""
+    block = settings.cache_signing_key_block
+    if block is not None:
+        return _signing_key_from_block(block, settings.cache_signing_key)
+    try:
+        if settings.cache_signing_key is not None:
+            return load_private_key(settings.cache_signing_key)
+    except CacheError as exc:
+        raise SettingsError("invalid_setting", f"SMTHRS_CACHE_SIGNING_KEY: {exc.message}", cause=exc) from exc
+    return None
+
+
 def trust_from_settings(settings: CacheSettings, workspace: str | os.PathLike[str]) -> Trust:
     """The trust policy the settings describe (module table). ``SettingsError`` naming the variable when a
     configured key cannot be read."""
-    signer: SigningKey | None = None
+    signer = configured_signing_key(settings)
     trusted: tuple[PublicKey, ...] = ()
-    block = settings.cache_signing_key_block
-    if block is not None:
-        signer = _signing_key_from_block(block, settings.cache_signing_key)
-    try:
-        if settings.cache_signing_key is not None:
-            signer = load_private_key(settings.cache_signing_key)
-    except CacheError as exc:
-        raise SettingsError("invalid_setting", f"SMTHRS_CACHE_SIGNING_KEY: {exc.message}", cause=exc) from exc
     try:
         if settings.cache_trusted_keys is not None:
             trusted = parse_trusted_keys(settings.cache_trusted_keys)
@@ -369,20 +382,50 @@ def _signing_key_from_block(block: str, key_file: str | None) -> SigningKey:
         raise block_error("invalid_block", block, SIGNING_KEY_BLOCK_SETTING, exc.message) from None
 
 
+def is_workspace_store(url: str, workspace: str | os.PathLike[str]) -> bool:
+    """Whether the store at ``url`` is this workspace's own (a ``file://`` path inside it): nobody else reads or
+    publishes there, so it is not a shared tier other machines see."""
+    if not url.startswith("file://"):
+        return False
+    try:
+        Path(url[len("file://") :]).resolve().relative_to(Path(workspace).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def shared_trust(trust: Trust, shared_url: str, workspace: str | os.PathLike[str]) -> Trust:
+    """The trust a shared tier at ``shared_url`` is used with: ``trust`` itself, or — for the generated workspace
+    key and a store outside the workspace — the same trusted keys without a signer (reads only: an entry signed by
+    a key no other machine was told to trust would only fill the team's bucket)."""
+    if trust.signer is None or trust.origin != "workspace-default":
+        return trust
+    if is_workspace_store(shared_url, workspace):
+        return trust
+    return Trust(None, trust.trusted, trust.origin)
+
+
 def shared_trust_warning(trust: Trust, shared_url: str, workspace: str | os.PathLike[str]) -> str | None:
     """What to say loudly when a shared tier other machines may write (anything but a local path inside the
-    workspace) is read with the default, self-trusted workspace key: other machines' entries are ignored."""
-    if trust.origin != "workspace-default":
+    workspace) is used with no configured key: this machine reads it only, and serves nothing other machines
+    published (it trusts only its own workspace key)."""
+    if trust.origin != "workspace-default" or is_workspace_store(shared_url, workspace):
         return None
-    if shared_url.startswith("file://"):
-        try:
-            Path(shared_url[len("file://") :]).resolve().relative_to(Path(workspace).resolve())
-            return None  # this workspace's own store: nobody else publishes there
-        except ValueError:
-            pass
     return (
-        f"the shared cache tier {shared_url} is read with this workspace's own key only"
-        f" ({trust.publishers[0] if trust.publishers else '-'}): entries other machines published there are"
-        " IGNORED (never served). To share a cache, give every publishing machine a key (`smthrs cache keygen DIR`,"
-        " SMTHRS_CACHE_SIGNING_KEY) and every reader the public keys it trusts (SMTHRS_CACHE_TRUSTED_KEYS)"
+        f"this machine has no publishing key: it reads the shared cache tier {shared_url} but never publishes to"
+        " it (what it builds stays in its local tier), and it serves only entries of keys it trusts — none but"
+        f" its own workspace key ({trust.publishers[0] if trust.publishers else '-'}), so entries other machines"
+        " published there are IGNORED. To serve them, set SMTHRS_CACHE_TRUSTED_KEYS to their public keys; to"
+        " publish, create a key (`smthrs cache keygen DIR`) and set SMTHRS_CACHE_SIGNING_KEY=DIR/cache-signing.key"
+        " (or SMTHRS_CACHE_SIGNING_KEY_BLOCK). `smthrs doctor` checks the setup"
+    )
+
+
+def reads_only_notice(trust: Trust, shared_url: str, workspace: str | os.PathLike[str]) -> str | None:
+    """What to say once when a shared tier is configured for reading only (trusted keys, no signing key)."""
+    if trust.origin != "reader-only" or is_workspace_store(shared_url, workspace):
+        return None
+    return (
+        f"this machine reads the shared cache tier {shared_url} only (SMTHRS_CACHE_TRUSTED_KEYS, no"
+        " SMTHRS_CACHE_SIGNING_KEY): entries it builds stay in its local tier"
     )

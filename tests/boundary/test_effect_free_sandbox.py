@@ -26,6 +26,7 @@ from smthrs_plugin.boundary import (
 )
 from smthrs_plugin.cache import CacheDispatcher, Miss
 from smthrs_plugin.cache.requests import node_request
+from smthrs_plugin.cache.signing import Trust, generate_key_pair
 from smthrs_plugin.errors import BoundaryError, BoundaryRefusal
 from smthrs_plugin.plan import node
 from smthrs_plugin.stores.artifacts import ArtifactStore
@@ -254,6 +255,8 @@ def _dispatcher(tmp_path: Path, ws: Path) -> CacheDispatcher:
         ws,
         shared=ArtifactStore((tmp_path / "shared").as_uri()),
         temp_dir=tmp_path / "sandboxes",
+        # A shared tier outside the workspace is published to only with a configured key.
+        trust=Trust(generate_key_pair(tmp_path / "keys")[2], (), "configured"),
     )
 
 

@@ -1,10 +1,12 @@
-"""The README's cache example, run verbatim."""
+"""The docs/explanation/cache.md cache example, run verbatim."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from smthrs_plugin.cache.signing import generate_key_pair
 
 README_EXAMPLE = """
 import smthrs_plugin as sp
@@ -38,8 +40,12 @@ def test_readme_example_runs(
     ws = tmp_path / "ws"
     (ws / "data").mkdir(parents=True)
     (ws / "data" / "raw.csv").write_text("a,1\n\nb,2\n")
+    # A publishing machine: the team's tier outside the workspace is published to only with a configured key.
+    key, _, _ = generate_key_pair(tmp_path / "keys")
+    monkeypatch.setenv("SMTHRS_CACHE_SIGNING_KEY", str(key))
+    monkeypatch.delenv("SMTHRS_CACHE_SIGNING_KEY_BLOCK", raising=False)
     monkeypatch.chdir(ws)
-    exec(compile(README_EXAMPLE, "README.md", "exec"), {})
+    exec(compile(README_EXAMPLE, "docs/explanation/cache.md", "exec"), {})
     assert capsys.readouterr().out == "built Miss published\nclean VerifiedHit {'rows': 2}\n"
     assert (ws / "data/clean.csv").read_text() == "a,1\nb,2\n"
     assert (tmp_path / "team-cache" / "ac").is_dir()

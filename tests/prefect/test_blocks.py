@@ -137,7 +137,7 @@ class Upper:
         return "upper"
 
 
-# -- the README's example, run verbatim --------------------------------------------------------------------------
+# -- the docs/how-to/blocks.md example, run verbatim --------------------------------------------------------------------------
 
 README_EXAMPLE = """
 from prefect.blocks.system import Secret
@@ -180,7 +180,7 @@ def test_readme_blocks_example_runs(
         "ENDPOINT": s3_endpoint,
         "BUCKET": s3_bucket,
     }
-    exec(compile(README_EXAMPLE, "README.md", "exec"), dict(given))
+    exec(compile(README_EXAMPLE, "docs/how-to/blocks.md", "exec"), dict(given))
     url, trust = capsys.readouterr().out.splitlines()
     key_id = load_private_key(tmp_path / "ci-keys/cache-signing.key").key_id
     assert url == f"s3://{s3_bucket}/smthrs"
@@ -346,13 +346,18 @@ def test_smthrs_run_with_an_unknown_block_exits_2_naming_it_and_writes_nothing(t
     assert not (tmp_path / "ws").exists()
 
 
-def test_smthrs_cache_ls_with_shared_lists_the_blocks_shared_tier(tmp_path: Path, saved: Saved) -> None:
+def test_smthrs_cache_ls_with_shared_lists_the_blocks_shared_tier(
+    tmp_path: Path, saved: Saved, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ws = seeded(tmp_path / "a")
+    # A publisher: the bucket is written only with a configured key.
+    key, _, _ = generate_key_pair(tmp_path / "keys")
+    monkeypatch.setenv("SMTHRS_CACHE_SIGNING_KEY", str(key))
     with sp.open_runtime(ws, artifacts_block=saved.ref) as rt:
         rt.scheduler("a1").run(PLAN, Upper())
     out = _smthrs(
         "cache", "ls", "--with-shared", "--workspace", str(ws), "--json",
-        env={"SMTHRS_ARTIFACTS_BLOCK": saved.ref}, cwd=tmp_path,
+        env={"SMTHRS_ARTIFACTS_BLOCK": saved.ref, "SMTHRS_CACHE_SIGNING_KEY": str(key)}, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert [e["tier"] for e in json.loads(out.stdout)["entries"]].count("shared") == 1
@@ -376,6 +381,8 @@ def test_a_step_in_a_flow_with_only_SMTHRS_ARTIFACTS_BLOCK_set_publishes_to_the_
 ) -> None:
     monkeypatch.setenv("SMTHRS_ARTIFACTS_BLOCK", saved.ref)
     monkeypatch.setenv("SMTHRS_WORKSPACE", str(seeded(tmp_path / "a")))
+    # A publisher: the bucket is written only with a configured key.
+    monkeypatch.setenv("SMTHRS_CACHE_SIGNING_KEY", str(generate_key_pair(tmp_path / "keys")[0]))
     assert shouting() == len("shared by a block\n")
     assert len([p for p in bucket_objects(saved) if f"{FOLDER}/ac/" in p]) == 1
     assert not (tmp_path / "a/.smthrs/artifacts").exists()
