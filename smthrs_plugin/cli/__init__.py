@@ -1,104 +1,55 @@
 """``smthrs`` — the command line (typer).
 
-Invariant: every command is one function that parses its options, calls one library entry point, and prints
-either a human line or ONE JSON object (``--json``). Exit codes are in :mod:`._common`. Each command
-group lives in its own module exposing ``register(app)``; this package only assembles them, so a new group never
-means branching inside an existing command. Heavy imports stay inside the command functions: ``smthrs --help``
-must not pay for Prefect or SQLAlchemy.
+The typer app and its command groups are assembled in :mod:`._app` (``app`` here loads it on first use); exit
+codes are in :mod:`.exits`.
 
-Every argument is checked to be UTF-8 text before any command parses it (:class:`_TextArgsGroup`): the one place
-that sees the whole argv, whether it comes from the shell or from a test's runner.
-
-Startup: importing this package loads typer and the command modules only (``import smthrs_plugin`` is lazy, and
-each command module imports the stores, SQLAlchemy, Prefect, fsspec or FastAPI inside the command that needs them),
-so ``smthrs --help``, ``smthrs --version`` and every ``--help`` answer without them
-(``tests/cli/test_cli_startup.py``; ``benchmarks/cli_startup.py`` measures it).
+Startup: every ``smthrs`` step of a CI pipeline pays for what this package imports before the command runs, so
+importing it loads nothing but :mod:`.exits`. :func:`main` answers ``smthrs --help`` and ``smthrs --version``
+without typer (:mod:`._root_help`, pinned byte for byte against the typer app's own output); every other command
+line goes to the typer app, whose command modules import the stores, SQLAlchemy, Prefect, fsspec or FastAPI inside
+the command that needs them, and whose help is click's plain format (no rich). ``tests/cli/test_cli_startup.py``
+pins which libraries each command leaves unloaded; ``benchmarks/cli_startup.py`` measures the wall time.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import os
+import sys
+from typing import TYPE_CHECKING
 
-import typer
-from typer.core import TyperGroup
-
-from .. import __version__
-from ..errors import SmthrsError
-from . import _cache, _control, _plugins, _recover, _run, _runs, _serve, _watch, worker
-from ._common import check_text_args, print_refusal
 from .exits import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_PARKED, EXIT_REFUSED
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._app import app as app
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_FAILED", "EXIT_REFUSED", "EXIT_DENIED", "EXIT_PARKED"]
 
 
-class _TextArgsGroup(TyperGroup):
-    """The root group: refuses a non-UTF-8 argument (exit 2, typed; one JSON object with ``--json``) before any
-    command sees it — otherwise it would surface as a ``UnicodeEncodeError`` traceback from whichever database
-    query, file name or JSON encoder met it first."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # ctx: typer's vendored click Context
-        try:
-            check_text_args(args)
-        except SmthrsError as exc:
-            raise typer.Exit(print_refusal("--json" in args, exc)) from None
-        return super().parse_args(ctx, args)
-
-    # typer's rich help gives every option a type column, a flag too (``--json  <bool>``): a flag takes no value,
-    # so its column stays empty. Every command is reached through this root group, so one place covers them all.
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        _flags_without_placeholder(params)
-        return params
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            _commands_without_flag_placeholders(command, ctx)
-        return command
-
-
-def _flags_without_placeholder(params: list[Any]) -> None:
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""  # shown in help only: a flag's error messages name its option strings
-
-
-def _commands_without_flag_placeholders(command: Any, ctx: Any) -> None:
-    _flags_without_placeholder(command.get_params(ctx))  # the command's --help option included
-    for sub in getattr(command, "commands", {}).values():
-        _commands_without_flag_placeholders(sub, ctx)
-
-
-app = typer.Typer(
-    name="smthrs",
-    cls=_TextArgsGroup,
-    help="Durable execution for Prefect: plans, approvals, runs, cache and recovery.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"smthrs {__version__}")
-        raise typer.Exit(EXIT_OK)
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
-    ] = False,
-) -> None:
-    """smthrs — durable execution for Prefect."""
-
-
-for _module in (_recover, _cache, _run, _runs, _watch, worker, _plugins, _control, _serve):
-    _module.register(app)
-
-
 def main() -> None:
     """Console-script entry point (``smthrs``)."""
+    from ._root_help import quick_answer
+
+    text = quick_answer(sys.argv[1:])
+    if text is not None:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # As the typer app does when the reader went away: exit 1, and (stdout pointed at /dev/null) no second
+            # error when the interpreter flushes stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        raise SystemExit(EXIT_OK)
+    from ._app import app
+
     app()
+
+
+def __getattr__(name: str) -> object:
+    # The typer app loads on first use (PEP 562): `from smthrs_plugin.cli import app` keeps working, and `main`
+    # answers --help and --version without it.
+    if name == "app":
+        from ._app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ content-addressed cache from the command line.
 Invariant: each command opens a runtime over the stores named by its options (defaults from ``SMTHRS_*``
 settings) and takes the cache tiers from it (``Runtime.cache_tiers``: the composition root is the one place that
 assembles them), calls one library function of :mod:`smthrs_plugin.cache`, and prints a human text or ONE JSON
-object (``--json``). Exit codes
+object (``--json``; a ``key`` is a ``key1_`` key, a ``digest`` a plain SHA-256, times ``*_at_ms``). Exit codes
 (:mod:`._common`): 0 done, 1 ``verify`` found a problem, 2 a refused input (any typed ``SmthrsError``). The cache
 modules (SQLAlchemy, fsspec) are imported inside the commands so ``smthrs --help`` stays cheap.
 
@@ -28,6 +28,7 @@ from ._common import (
     MAX_SECONDS,
     DbOption,
     JsonOption,
+    PlainHelpGroup,
     WorkspaceOption,
     check_workspace,
     existing_db_url,
@@ -46,6 +47,8 @@ __all__ = ["cache_app", "register"]
 cache_app = typer.Typer(
     help="The content-addressed step cache: list entries, explain a miss, verify blobs, collect garbage.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # click's plain help and usage errors: rich costs every invocation its import
+    cls=PlainHelpGroup,
 )
 
 
@@ -172,7 +175,15 @@ def explain(
             explained = explain_entry(rt.cache_tiers().local, node_or_key)
     except SmthrsError as exc:
         _refuse(as_json, exc)
-    _done(as_json, explained.to_json(), "\n".join(explained.lines()))
+    _done(as_json, _explained_json(explained.to_json()), "\n".join(explained.lines()))
+
+
+def _explained_json(out: dict[str, Any]) -> dict[str, Any]:
+    """``cache explain --json``: the explanation's ``status`` (first-entry | changed | same-components) is named
+    ``comparison``: in every command's JSON ``status`` is a run's status, and this is not one."""
+    shown = {k: v for k, v in out.items() if k != "status"}
+    shown["comparison"] = out["status"]
+    return shown
 
 
 @cache_app.command("verify")

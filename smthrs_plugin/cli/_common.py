@@ -14,6 +14,13 @@ Invariants of the argument checks (each refusal is typed, exit 2, and says what 
   and ``recover restore`` create one. A PostgreSQL URL is not checked here: the server says whether it exists.
 - **A duration is a finite number of seconds in 0..** :data:`MAX_SECONDS` (:func:`seconds`): ``inf`` or ``nan``
   would otherwise overflow a millisecond cutoff or a thread join far from the option that caused it.
+
+The JSON vocabulary (one spelling per state in every command's ``--json``; docs/rules.md "JSON vocabulary"): a run's
+``status`` is one of :data:`CLI_STATUSES` and, while parked, ``waiting_reason`` one of :data:`CLI_WAITING_REASONS`
+(:func:`cli_state` translates the stored names: ``suspended`` is ``parked``, ``waiting-approval`` is ``approval``,
+``event`` is ``signal``); times are ``*_at_ms`` integers. The nested ``receipt`` and ``card`` keep the reference's
+wire names (``_tag``, ``receiptId``, ``planId`` ...): they are what is recorded and digested. Exit codes are still
+computed from the stored names (:mod:`.exits`), before the translation, so none changes.
 """
 
 from __future__ import annotations
@@ -21,13 +28,26 @@ from __future__ import annotations
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from ..errors import ControlError, InvalidInput, SettingsError, SmthrsError, StoreError, passing_fault
+from ..vocabulary import (  # one vocabulary for the CLI and `smthrs serve` (the floor both use)
+    CLI_STATUSES,
+    CLI_WAITING_REASONS,
+    cli_event,
+    cli_receipt,
+    cli_request,
+    cli_run,
+    cli_state,
+    status_filter,
+    waiting_filter,
+)
 from .exits import refusal_exit
 
 __all__ = [
@@ -43,6 +63,17 @@ __all__ = [
     "done",
     "refuse",
     "print_refusal",
+    "safe_text",
+    "CLI_STATUSES",
+    "CLI_WAITING_REASONS",
+    "cli_state",
+    "cli_run",
+    "cli_receipt",
+    "cli_request",
+    "cli_event",
+    "status_filter",
+    "waiting_filter",
+    "PlainHelpGroup",
 ]
 
 #: The longest duration any option takes (ten years): far beyond any real grace or budget, and small enough that
@@ -58,6 +89,25 @@ WorkspaceOption = Annotated[
     Path | None,
     typer.Option("--workspace", help="Workspace directory (default: SMTHRS_WORKSPACE, else the cwd)."),
 ]
+
+
+class PlainHelpGroup(TyperGroup):
+    """A command group helped in click's plain format (its Typer says ``rich_markup_mode=None``: rich would cost
+    every invocation its import), listing each command with the whole first paragraph of its help, wrapped, as
+    the rich help did — click's default cuts it at the terminal width with "...", which leaves half a sentence."""
+
+    def format_commands(
+        self, ctx: Any, formatter: Any
+    ) -> None:  # typer's vendored click Context, HelpFormatter
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                summary = command.short_help or (command.help or "").split("\n\n", 1)[0]
+                rows.append((name, " ".join(summary.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def check_text_args(args: Sequence[str]) -> None:
@@ -150,6 +200,26 @@ def seconds(value: float, option: str) -> float:
             option=option.lstrip("-"),
         )
     return value
+
+
+def safe_text(value: object, limit: int = 120) -> str:
+    """``value`` (text, or any JSON value as compact JSON) safe to print on a terminal: every control, format
+    (bidi overrides, zero-width), surrogate, private-use or unassigned character and every line or paragraph
+    separator is written as an escape (``\\x1b``, ``\\u202e``), and the result is cut at ``limit`` characters with
+    "…". Text from a plan file, a run or a store is someone else's: it must not move the cursor, recolour, hide
+    or fake the lines around it, nor run on for pages."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    out: list[str] = []
+    used = 0
+    for ch in text:
+        cat = unicodedata.category(ch)
+        piece = ch if cat[0] != "C" and cat not in ("Zl", "Zp") else ascii(ch)[1:-1]
+        if used + len(piece) > limit:
+            out.append("…")
+            break
+        out.append(piece)
+        used += len(piece)
+    return "".join(out)
 
 
 def done(as_json: bool, payload: dict[str, Any], text: str) -> None:

@@ -2,7 +2,7 @@
 
 ::
 
-    smthrs plan PLAN.yaml [--input k=v]...                       # prints the PlanCard (plan id, digest, nodes)
+    smthrs plan PLAN.yaml [--input k=v]...                       # prints the card: per node command, tier, gate
     smthrs approve PLAN_ID|RUN_ID [--request R] [--digest D] [--scope once|run|remembered] [--as ID/KIND] [--key K]
     smthrs deny    PLAN_ID|RUN_ID [--request R] [--digest D] [--as ID/KIND] [--key K]
     smthrs resume RUN_ID --key K [--as ID/KIND] [--steps N] [--agents N] [--prefect] [--no-wait]
@@ -11,7 +11,8 @@
 
 (``smthrs run PLAN.yaml|PLAN_ID --key K`` lives in ``cli/_run.py``.) Invariant: each command opens the runtime named
 by its options, calls ONE method of :class:`~smthrs_plugin.control.facade.Control` and prints its answer — a
-rich table and a headline, or ONE JSON object with ``--json`` — and exits with the code of
+text (values from a plan file, a run or a store through ``_common.safe_text``), or ONE JSON object with ``--json``
+in the CLI's vocabulary (``_common``) — and exits with the code of
 :mod:`.control_support`. The CLI is a trusted host capability (it holds database access); ``--as`` names who
 decides and the approval authority (default: only ``local/operator``) judges it.
 
@@ -39,6 +40,7 @@ from smthrs_plugin.cli._common import (
     check_workspace,
     db_url,
     existing_db_url,
+    safe_text,
 )
 from smthrs_plugin.cli.control_support import (
     PlanLauncher,
@@ -107,8 +109,10 @@ def plan_command(
         check_workspace(workspace)
         with open_runtime(workspace=workspace, db=db_url(db, workspace)) as rt:
             control = rt.control()
-            card = card_of_file(control, rt, plan_file, parse_inputs(inputs), parse_principal(as_))
+            pf = read_checked(rt, plan_file)
+            card = plan_card(control, pf, parse_inputs(inputs), parse_principal(as_))
             state = control.plan_state(card.plan_id)
+            authority = control.approvals.authority
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
     approval = "none" if state is None else state.tag.lower()
@@ -123,18 +127,109 @@ def plan_command(
         }
         typer.echo(json.dumps(payload, sort_keys=True))
         return
-    from rich.console import Console
-    from rich.table import Table
+    typer.echo("\n".join(card_lines(card, pf, approval, authority)))
 
-    table = Table("node", "kind", "key", "needs", title=f"plan {card.plan_id} ({card.flow_id})")
-    for n in card.nodes:
-        table.add_row(n.id, n.kind, n.key[:21] + "…", ", ".join(n.depends_on) or "-")
-    console = Console(highlight=False, soft_wrap=True)
-    console.print(table)
-    console.print(f"digest {card.digest}")
-    console.print(
-        f"approval: {approval}" + (f"  →  smthrs approve {card.plan_id}" if approval == "pending" else "")
-    )
+
+#: How much of one attacker-controlled value the card prints (a command, a path, an id), and how many names of a
+#: node's reads or writes: the card is for review, the full text is in the plan file and ``smthrs plan --json``.
+_CARD_TEXT = 100
+_CARD_NAMES = 5
+
+
+def card_lines(card: Any, pf: Any, approval: str, authority: Any) -> list[str]:
+    """The text card of ``smthrs plan``: the plan, its digest and approval state, and per node its command
+    (``run``/``call``), tier, reads and writes, needs, timer and approval gate (who may approve, the scopes).
+    Every value from the plan file goes through :func:`safe_text` (no terminal escapes, bounded length)."""
+    head = [
+        f"plan {safe_text(card.plan_id)}  flow {safe_text(card.flow_id)}",
+        f"digest {card.digest}",
+        f"approval: {approval}"
+        + (f"  →  smthrs approve {safe_text(card.plan_id)}" if approval == "pending" else ""),
+    ]
+    if pf.approval == "required":
+        head.append(
+            f"  plan gate: {_approvers(authority, 'Plan')}; default scope {card.scope}; "
+            f"envelope {_envelope(card.envelope.to_json())}"
+        )
+    keyed = {n.id: n for n in card.nodes}
+    head.append(f"{len(pf.plan.nodes)} node(s):")
+    for node in pf.plan.nodes:
+        head += _node_lines(node, keyed.get(node.id), authority)
+    return head
+
+
+def _node_lines(node: Any, keyed: Any, authority: Any) -> list[str]:
+    draft = node.draft
+    lines = [f"  {safe_text(node.id)}  ({safe_text(draft.kind)}, {safe_text(draft.material.tier)})"]
+    lines.append(f"    {_command(draft.material.body)}")
+    lines.append(f"    reads   {_names(draft.effects.reads)}")
+    lines.append(f"    writes  {_names(draft.effects.writes)}")
+    if draft.effects.removes:
+        lines.append(f"    removes {_names(draft.effects.removes)}")
+    lines.append(f"    needs   {', '.join(safe_text(d) for d in node.depends_on) or '-'}")
+    if draft.wait is not None:
+        lines.append(f"    wait    {safe_text(draft.wait, _CARD_TEXT)}")
+    if draft.approval is not None:
+        spec = draft.approval
+        request = safe_text(spec.get("request", node.id))
+        envelope = _envelope(spec.get("envelope") or {})
+        lines.append(
+            f"    gate    approval {request}: {_approvers(authority, 'Node')}; default scope run; "
+            f"envelope {envelope}"
+        )
+    if keyed is not None:
+        lines.append(f"    key     {keyed.key[:21]}…")
+    return lines
+
+
+def _command(body: Any) -> str:
+    if isinstance(body, dict) and "run" in body:
+        return f"run     {safe_text(body['run'], _CARD_TEXT)}"
+    if isinstance(body, dict) and "call" in body:
+        args = body.get("with") or {}
+        return f"call    {safe_text(body['call'], _CARD_TEXT)}" + (
+            f" with {safe_text(args, _CARD_TEXT)}" if args else ""
+        )
+    return f"body    {safe_text(body, _CARD_TEXT)}"
+
+
+def _label(entry: Any) -> str:
+    """A path entry as declared: a file, a tree ``dir/``, or a glob's patterns (``!`` before an exclusion)."""
+    from smthrs_plugin.plan.fileset import TreeArtifact
+
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, TreeArtifact):
+        return entry.path + "/"
+    return " ".join([*entry.include, *(f"!{x}" for x in entry.exclude)])
+
+
+def _names(entries: Any) -> str:
+    labels = [safe_text(_label(e), _CARD_TEXT) for e in entries]
+    if not labels:
+        return "0"
+    more = f", +{len(labels) - _CARD_NAMES} more" if len(labels) > _CARD_NAMES else ""
+    return f"{len(labels)}: {', '.join(labels[:_CARD_NAMES])}{more}"
+
+
+def _envelope(envelope: Any) -> str:
+    parts = [f"{safe_text(k)} {safe_text(v, _CARD_TEXT)}" for k, v in sorted(envelope.items()) if v]
+    return "; ".join(parts) or "none"
+
+
+def _approvers(authority: Any, target_kind: str) -> str:
+    """Who may approve a gate of ``target_kind`` (``Plan`` | ``Node``) and with which grant scopes, as the
+    runtime's approval authority says; a plugin's authority decides by its own rules, named as such."""
+    from smthrs_plugin.control.authority import DelegatedAuthority
+
+    if not isinstance(authority, DelegatedAuthority):
+        return f"who may approve: decided by {safe_text(type(authority).__name__)} (a plugin's approval authority)"
+    who = [
+        f"{safe_text(str(d.principal))} (scopes {'|'.join(sorted(d.scopes))})"
+        for d in authority.delegations
+        if target_kind in d.targets
+    ]
+    return "who may approve: " + (", ".join(who) or "nobody (no delegation covers it)")
 
 
 def card_of_file(
@@ -148,6 +243,11 @@ def card_of_file(
 ) -> Any:
     """Read, compile and plan a plan file (``approval: required`` gates the card); ``renew`` as in
     :meth:`Control.plan` (``smthrs plan`` renews a retired card, ``smthrs run`` does not)."""
+    return plan_card(control, read_checked(rt, plan_file), inputs, principal, renew=renew)
+
+
+def read_checked(rt: Runtime, plan_file: Path) -> Any:
+    """Read and compile a plan file (a regular file; ``approval:`` either ``required`` or absent)."""
     import stat
 
     from smthrs_plugin.errors import PlanError
@@ -168,6 +268,13 @@ def card_of_file(
             "invalid_options",
             f"{plan_file}: approval: {pf.approval!r} is not understood; write `approval: required` (or leave it out)",
         )
+    return pf
+
+
+def plan_card(
+    control: Control, pf: Any, inputs: dict[str, str], principal: Any, *, renew: bool = True
+) -> Any:
+    """Plan a read plan file: its card (``renew`` as in :meth:`Control.plan`)."""
     return control.plan(
         pf.plan,
         input=inputs,
@@ -316,7 +423,13 @@ def resume_command(
                 wait=not no_wait,
             )
             code = answer(
-                control, receipt, as_json=as_json, report=launcher.report, operation="resume", held=held
+                control,
+                receipt,
+                as_json=as_json,
+                report=launcher.report,
+                operation="resume",
+                held=held,
+                run_id=run_id,
             )
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
@@ -345,7 +458,7 @@ def _resume_flow(
                 driver = rt.driver
                 driver.register(name, fn)
                 drive_one(driver, f"{run_id}={name}", {name: fn})
-            return answer(control, receipt, as_json=as_json, operation="resume")
+            return answer(control, receipt, as_json=as_json, operation="resume", run_id=run_id)
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
 
@@ -368,7 +481,7 @@ def cancel_command(
         with open_runtime(workspace=workspace, db=existing_db_url(db, "cancel", workspace)) as rt:
             control = rt.control()
             receipt = control.cancel(run_id, principal=parse_principal(as_), reason=reason)
-            code = answer(control, receipt, as_json=as_json, operation="cancel")
+            code = answer(control, receipt, as_json=as_json, operation="cancel", run_id=run_id)
     except SmthrsError as exc:
         raise fail(as_json, exc) from None
     raise typer.Exit(code)

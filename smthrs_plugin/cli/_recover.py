@@ -4,6 +4,9 @@ Invariant: ``backup`` and ``fence`` work on an EXISTING database — a SQLite pa
 (exit 2, naming the path) before anything is created, so ``fence --db`` with a typo can never answer "fenced" for an
 empty database it just made while the restored one stays unfenced. Only ``restore`` creates a database (the
 backup's copy, at ``--db``).
+
+JSON: ``action`` says what was done (``backed-up`` | ``verified`` | ``restored`` | ``fenced``); it is not named
+``status``, which in every command's JSON is a run's status.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from typing import Annotated
 import typer
 
 from ..errors import SmthrsError
-from ._common import DbOption, JsonOption
+from ._common import DbOption, JsonOption, PlainHelpGroup
 from ._common import db_url as _db_url
 from ._common import done as _done
 from ._common import existing_db_url as _existing_db_url
 from ._common import refuse as _refuse
 
 recover_app = typer.Typer(
-    help="Disaster recovery of the durable store: backup, restore, fence.", no_args_is_help=True
+    help="Disaster recovery of the durable store: backup, restore, fence.",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # click's plain help and usage errors: rich costs every invocation its import
+    cls=PlainHelpGroup,
 )
 
 
@@ -47,7 +53,7 @@ def recover_backup(
     m = written.manifest
     _done(
         as_json,
-        {"status": "backed-up", "directory": str(written.directory), "manifest": m.to_json()},
+        {"action": "backed-up", "directory": str(written.directory), "manifest": m.to_json()},
         f"backed up revision {m.revision} of source {m.source_id} into {written.directory} ({m.bytes} bytes)",
     )
 
@@ -67,7 +73,7 @@ def recover_verify(
     m = verified.manifest
     _done(
         as_json,
-        {"status": "verified", "manifest": m.to_json()},
+        {"action": "verified", "manifest": m.to_json()},
         f"backup {directory} is intact (revision {m.revision})",
     )
 
@@ -94,7 +100,7 @@ def recover_restore(
     _done(
         as_json,
         {
-            "status": "restored",
+            "action": "restored",
             "url": restored.url,
             "manifest": restored.manifest.to_json(),
             "released": released,
@@ -115,6 +121,6 @@ def recover_fence(db: DbOption = None, as_json: JsonOption = False) -> None:
         _refuse(as_json, exc)
     _done(
         as_json,
-        {"status": "fenced", "released": list(fenced.released), "claims_cleared": fenced.claims_cleared},
+        {"action": "fenced", "released": list(fenced.released), "claims_cleared": fenced.claims_cleared},
         f"fenced: released {len(fenced.released)} running run(s), cleared {fenced.claims_cleared} pending claim(s)",
     )

@@ -2,8 +2,12 @@
 host, or (``--prefect``) inside a Prefect flow run, one task run per node dispatch (``prefect/host.py``).
 
 Invariant: one library entry point (``open_runtime(...).scheduler(run_id).run(plan, executor)``), one printed
-result: a line per node, or ONE JSON object with ``--json`` (``run_id``, ``plan_id``, ``digest``,
-``status``, ``settlements``; with ``--key`` also ``receipt``). Exit codes (the one table, ``cli/exits.py``): 0 the
+result: a line per node, or ONE JSON object with ``--json``, the same keys on every path (completed, failed,
+parked, cancelled, held), null when they do not apply: ``run_id``, ``plan_id``, ``key`` (the plan's ``key1_``
+digest), ``status`` (``_common.CLI_STATUSES``), ``waiting_reason`` (``_common.CLI_WAITING_REASONS``, while
+parked), ``wait`` (``{reason, wake_at_ms}`` while parked), ``node`` (the node it parked on), ``settlements``,
+``merges`` and ``error`` (why a held run is not finished). With ``--key`` the control plane's answer instead
+(``cli/control_support.answer``). Exit codes (the one table, ``cli/exits.py``): 0 the
 run completed (every node built or clean), 1 a node failed (its body raised, its command exited non-zero; or it
 was skipped) or the run was cancelled, 2 a refused input (any typed ``SmthrsError``: a malformed plan file names
 its line and field), 75 the run parked on a timer node (``wait:``) beyond the in-process budget — run again with
@@ -36,7 +40,14 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, WorkspaceOption, check_workspace, db_url
+from smthrs_plugin.cli._common import (
+    DbOption,
+    JsonOption,
+    WorkspaceOption,
+    check_workspace,
+    cli_state,
+    db_url,
+)
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli.exits import exit_code
 from smthrs_plugin.engine.context import RunCancelled, RunParked
@@ -50,12 +61,28 @@ def register(app: typer.Typer) -> None:
     app.command("run")(run_plan_file)
 
 
-def _held(as_json: bool, run_id: str | None, exc: FenceLost) -> NoReturn:
+def _answer(run_id: str | None, plan: Any, status: str, **fields: Any) -> dict[str, Any]:
+    """The one shape of ``smthrs run --json`` (without ``--key``): every key present, null when it does not apply."""
+    out: dict[str, Any] = {
+        "run_id": run_id,
+        "plan_id": None if plan is None else plan.plan_id,
+        "key": None if plan is None else plan.digest,
+        "status": status,
+        "waiting_reason": None,
+        "wait": None,
+        "node": None,
+        "settlements": [],
+        "merges": [],
+        "error": None,
+    }
+    out.update(fields)
+    return out
+
+
+def _held(as_json: bool, run_id: str | None, plan: Any, exc: FenceLost) -> NoReturn:
     """``--run-id`` names a run another live process owns: not done, try again later (75)."""
     if as_json:
-        typer.echo(
-            json.dumps({"run_id": run_id, "status": "running", "error": exc.to_dict()}, sort_keys=True)
-        )
+        typer.echo(json.dumps(_answer(run_id, plan, "running", error=exc.to_dict()), sort_keys=True))
     else:
         typer.echo(f"smthrs: {exc}", err=True)
     raise typer.Exit(exit_code("run", None, "running"))
@@ -73,21 +100,32 @@ def _faulted(run_id: str, exc: SmthrsError, fault: SmthrsError) -> SmthrsError:
     )
 
 
-def _stopped(as_json: bool, stopped: BaseException) -> NoReturn:
-    from smthrs_plugin.engine.context import RunParked
+#: The stored waiting reason of a run parked by each kind of in-process wait (``RunParked.kind``), when the wait
+#: itself is not attached.
+_PARKED_BY = {"timer": "timer", "event": "event", "approval": "waiting-approval"}
 
-    payload: dict[str, Any] = {"run_id": getattr(stopped, "run_id", None)}
+
+def _stopped(as_json: bool, stopped: RunParked | RunCancelled, plan: Any) -> NoReturn:
+    """A run stopped by a durable wait: parked (75, resumable with ``--run-id``) or cancelled (1)."""
+    run_id = stopped.run_id
     if isinstance(stopped, RunParked):
         wait = stopped.waiting
-        reason = wait.reason if wait is not None else "timer"
-        payload.update(status="parked", waiting_reason=reason, node=stopped.name.removeprefix("node:"))
-        if wait is not None:
-            payload["wait"] = {"reason": wait.reason, "wake_at_ms": getattr(wait, "wake_at_ms", None)}
-        text = f"run {payload['run_id']}: parked on {stopped.kind} {stopped.name} (resume with --run-id)"
-        code = exit_code("run", None, "suspended", reason)
+        stored = wait.reason if wait is not None else _PARKED_BY[stopped.kind]
+        reason = cli_state("suspended", stored)[1]
+        wake = getattr(wait, "wake_at_ms", None) if wait is not None else stopped.due_at_ms
+        payload = _answer(
+            run_id,
+            plan,
+            "parked",
+            waiting_reason=reason,
+            wait={"reason": reason, "wake_at_ms": wake},
+            node=stopped.name.removeprefix("node:"),
+        )
+        text = f"run {run_id}: parked on {stopped.kind} {stopped.name} (resume with --run-id {run_id})"
+        code = exit_code("run", None, "suspended", stored)
     else:
-        payload.update(status="cancelled", waiting_reason=None)
-        text = f"run {payload['run_id']}: cancelled"
+        payload = _answer(run_id, plan, "cancelled")
+        text = f"run {run_id}: cancelled"
         code = exit_code("run", None, "cancelled")
     typer.echo(json.dumps(payload, sort_keys=True) if as_json else text)
     raise typer.Exit(code)
@@ -170,11 +208,13 @@ def run_plan_file(
             SchedulerError("invalid_plan", "--input, --as and --no-wait go with --key (a control-plane run)"),
         )
     rid: str | None = run_id
+    plan: Any = None  # the compiled plan, once read: every answer names it
     try:
         # --prefect and plugin actions: the runtime opens first so `call: <action>` names are checked
         # against the installed plugins' actions while the file is read.
         with open_runtime(workspace=workspace, db=db) as rt:
             pf = read_plan_file(plan_file, actions=rt.actions)
+            plan = pf.plan
             if pf.approval not in (None, "none"):
                 raise SchedulerError(
                     "invalid_plan",
@@ -190,25 +230,25 @@ def run_plan_file(
             else:
                 report = rt.scheduler(rid, concurrency=caps).run(pf.plan, pf.executor)
     except FenceLost as exc:
-        _held(as_json, run_id, exc)
+        _held(as_json, rid, plan, exc)
     except SmthrsError as exc:
         # A passing fault (exit 75 by the one table) names the run it left resumable; anything else is refused.
         fault = passing_fault(exc)
         _refuse(as_json, _faulted(rid, exc, fault) if rid is not None and fault is not None else exc)
     except (RunParked, RunCancelled) as stopped:
-        _stopped(as_json, stopped)  # durable waits: parked on a timer node (exit 75), or cancelled (exit 1)
+        # Durable waits: parked on a timer or approval node (exit 75), or cancelled (exit 1).
+        _stopped(as_json, stopped, plan)
     status = "failed" if report.failed else "completed"
     if as_json:
-        payload: dict[str, Any] = {
-            "run_id": rid,
-            "plan_id": report.plan_id,
-            "digest": report.digest,
-            "status": status,
-            "waiting_reason": None,
-            "settlements": [s.to_json() for s in report.settlements],
-        }
-        if report.merges:
-            payload["merges"] = list(report.merges)
+        payload = _answer(
+            rid,
+            plan,
+            status,
+            plan_id=report.plan_id,
+            key=report.digest,  # the plan as run: grown by merge generations, if any
+            settlements=[s.to_json() for s in report.settlements],
+            merges=list(report.merges),
+        )
         typer.echo(json.dumps(payload, sort_keys=True))
     else:
         width = max(len(s.node) for s in report.settlements)

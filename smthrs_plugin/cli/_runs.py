@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption
+from smthrs_plugin.cli._common import DbOption, JsonOption, cli_run, status_filter, waiting_filter
 from smthrs_plugin.cli._common import done as _done
 from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
@@ -35,13 +35,21 @@ def register(app: typer.Typer) -> None:
 
 
 def list_runs_command(
-    status: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="Only runs with this status: pending|running|parked|completed|failed|cancelled."
+        ),
+    ] = None,
     flow: Annotated[str | None, typer.Option("--flow", help="Only runs of this flow.")] = None,
     parent: Annotated[str | None, typer.Option("--parent", help="Only children of this run.")] = None,
     roots: Annotated[bool, typer.Option("--roots", help="Only runs without a parent.")] = False,
     lineage: Annotated[str | None, typer.Option("--lineage", help="Only rounds of this lineage.")] = None,
     waiting: Annotated[
-        str | None, typer.Option("--waiting", help="Only runs waiting for this reason.")
+        str | None,
+        typer.Option(
+            "--waiting", help="Only parked runs waiting for this: approval|timer|signal|released|quarantine."
+        ),
     ] = None,
     not_waiting: Annotated[
         bool, typer.Option("--not-waiting", help="Only runs with no stored wait.")
@@ -73,24 +81,25 @@ def list_runs_command(
                 option="waiting",
             )
         filters = RunFilters(
-            status=status,
+            status=status_filter(status),
             flow=flow,
             parent_run_id=None if roots else (ANY if parent is None else parent),
             lineage_id=lineage,
-            waiting_reason=None if not_waiting else (ANY if waiting is None else waiting),
+            waiting_reason=None if not_waiting else (ANY if waiting is None else waiting_filter(waiting)),
             created_after_ms=created_after,
             created_before_ms=created_before,
         )
         page = list_runs(open_database(_existing_db_url(db, "runs")), filters, cursor=cursor, limit=limit)
     except SmthrsError as exc:
         _refuse(as_json, exc)
-    lines = [_row(r.to_json()) for r in page.runs] or ["no runs"]
+    runs = [cli_run(r.to_json()) for r in page.runs]
+    lines = [_row(r) for r in runs] or ["no runs"]
     if page.cursor is not None:
         lines.append(f"next page: --cursor {page.cursor}")
     _done(
         as_json,
         {
-            "runs": [r.to_json() for r in page.runs],
+            "runs": runs,
             "cursor": page.cursor,
             "source": page.source,
             "revision": page.revision,
@@ -113,7 +122,8 @@ def show_run(
     except SmthrsError as exc:
         _refuse(as_json, exc)
     obs = batch.items[0]
-    payload = {"run": obs.to_json(), "source": batch.source, "revision": batch.revision}
+    j = cli_run(obs.to_json())
+    payload = {"run": j, "source": batch.source, "revision": batch.revision}
     if isinstance(obs, Missing):
         why = f"deleted (tombstone at revision {obs.revision})" if obs.deleted else "never recorded here"
         if as_json:
@@ -121,7 +131,6 @@ def show_run(
         else:
             typer.echo(f"smthrs: run {run_id!r} not found: {why}", err=True)
         raise typer.Exit(EXIT_REFUSED)
-    j = obs.to_json()
     text = [
         f"run       {j['run_id']}  ({j['status']}, revision {j['revision']})",
         f"flow      {j['flow']}",
@@ -131,7 +140,7 @@ def show_run(
     ]
     if j["wait"] is not None:
         w = j["wait"]
-        text.append(f"waiting   {w['kind']} ({w['reason']}) until {_when(w['wake_at_ms'])}")
+        text.append(f"waiting   {w['reason']} until {_when(w['wake_at_ms'])}")
     c = j["cancellation"]
     if c["requested_at_ms"] is not None:
         ack = c["acknowledgement"]
@@ -149,6 +158,6 @@ def _when(ms: int | None) -> str:
 
 
 def _row(j: dict[str, Any]) -> str:
-    wait = "" if j["wait"] is None else f"  waiting:{j['wait']['reason']}"
+    wait = "" if j["waiting_reason"] is None else f"  waiting:{j['waiting_reason']}"
     parent = "" if j["parent_run_id"] is None else f"  parent:{j['parent_run_id']}"
     return f"{j['run_id']:<32} {j['status']:<10} {j['flow']:<24} {_when(j['created_at_ms'])}{parent}{wait}"

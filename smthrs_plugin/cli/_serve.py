@@ -172,7 +172,7 @@ def signal_command(
 
 
 def _headline(receipt: object, payload: dict[str, object]) -> str:
-    tag = payload["receipt"]["type"]  # type: ignore[index]
+    tag = payload["receipt"]["_tag"]  # type: ignore[index]
     if tag == "Conflict":
         return f"signal: Conflict — {getattr(receipt, 'message', '')}"
     if tag == "Terminal":

@@ -6,8 +6,9 @@ default is the live stream. Without ``--follow`` the command prints the finite s
 event, or ONE JSON object ``{"run_id", "events", "cursor"}`` (``cursor`` resumes after the last event; the one
 given back when there was none). With ``--follow`` the stream never ends by itself (Ctrl-C, or
 ``--max-events``): a line per event, or one JSON object PER LINE per event (JSON lines: a stream cannot be one
-object). Refused input exits 2 before anything is read — so does a run id
-this database has neither a run nor a journal for (``run_not_found``), and a SQLite database that does not exist
+object). Each event is ``{"sequence", "kind", "run_id", "occurred_at_ms", "payload", "cursor", "partition"}``;
+its ``payload`` is the journal record as written (its member names are the journal's, pinned by golden tests, not
+this command's). Refused input exits 2 before anything is read — so does a run id this database has neither a run nor a journal for (``run_not_found``), and a SQLite database that does not exist
 (a read never creates one).
 
 Absolute imports on purpose; heavy imports stay inside the command.
@@ -20,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption
+from smthrs_plugin.cli._common import DbOption, JsonOption, cli_event
 from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.errors import SmthrsError
@@ -65,11 +66,12 @@ def watch_run(
         with stream:
             for ev in stream:
                 seen += 1
+                event = cli_event(ev.to_json())
                 if follow:
                     # Flushed per event: a follower is usually piped into another program.
-                    typer.echo(json.dumps(ev.to_json(), sort_keys=True) if as_json else _line(ev.to_json()))
+                    typer.echo(json.dumps(event, sort_keys=True) if as_json else _line(event))
                 else:
-                    events.append(ev.to_json())
+                    events.append(event)
                 if max_events is not None and seen >= max_events:
                     break
     except KeyboardInterrupt:

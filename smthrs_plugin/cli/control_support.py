@@ -9,8 +9,12 @@ Invariants
   :func:`smthrs_plugin.control.follow.follow` (a provably gone owner is taken over at its lease expiry, a live one
   followed until the run settles or parks); this module adds the command's side — a progress line on stderr while
   it waits, and with ``--no-wait`` (or Ctrl-C) exit 75 naming the owner instead of waiting.
-- JSON: our own fields are snake_case (``run_id``, ``plan_id``, ``waiting_reason``, ``request_id`` ...); the
-  nested ``receipt`` keeps the reference's wire spelling (``_tag``, ``receiptId``, ``runId``, ``planId``).
+- JSON: our own fields are snake_case (``run_id``, ``plan_id``, ``waiting_reason``, ``request_id`` ...) in the
+  CLI's vocabulary (``_common.cli_state``: ``status`` pending|running|parked|completed|failed|cancelled,
+  ``waiting_reason`` approval|timer|signal|released|quarantine); the nested ``receipt`` keeps the reference's wire
+  spelling (``_tag``, ``receiptId``, ``runId``, ``planId``). **A parked answer always says so**: ``status`` is
+  ``parked`` with its reason whenever the run (or, for a plan awaiting approval, the launch) waits, and ``run_id``
+  names the run whenever one exists — a resume answered ``Parked`` names the run it was asked about.
 
 The CLI is a trusted host capability: it opens the database itself, so anyone who can run it with the database's
 credentials can do what the control plane can. ``--as ID/KIND`` names the deciding principal; the approval
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from smthrs_plugin.cli._common import print_refusal
+from smthrs_plugin.cli._common import cli_receipt, cli_request, cli_state, print_refusal, safe_text
 from smthrs_plugin.cli.exits import exit_code
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
 
@@ -186,19 +190,25 @@ def answer(
     operation: str = "run",
     decision: str | None = None,
     held: Held | None = None,
+    run_id: str | None = None,
 ) -> int:
     """Print ``receipt`` with the state of the run it names (and the card, when given); return the exit code
     (:func:`.exits.exit_code`). ``decision`` is the recorded decision on an approve/deny target; ``held`` the
-    owner a ``--no-wait`` retry found holding the run."""
+    owner a ``--no-wait`` retry found holding the run; ``run_id`` the run the command was asked about (a
+    ``Parked`` receipt names only the plan: the answer still names the run and its state)."""
     from rich.console import Console
     from rich.table import Table
 
     from smthrs_plugin.serve.wire import receipt_answer
 
-    # Our JSON names the receipt's kind ``type``; the reference's wire form (``control/receipts.py``) names it ``_tag``.
-    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply; the
-    # same object `smthrs serve` answers for the verb.
+    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply.
     payload, view = receipt_answer(control, receipt, operation=operation, card=card)
+    if payload["run_id"] is None and run_id is not None:
+        view = control.show(run_id)
+        payload.update(run_id=run_id, status=view.status, waiting_reason=view.waiting_reason)
+        payload["requests"] = [r.to_json() for r in view.pending]
+        if view.admission is not None and card is None:
+            payload.update(plan_id=view.admission.plan_id, digest=view.admission.card_digest)
     run_id = payload["run_id"]
     status: str | None = payload["status"]
     waiting: str | None = payload["waiting_reason"]
@@ -207,15 +217,19 @@ def answer(
     if operation in ("run", "resume"):
         payload["settlements"] = _settlements(report)
         payload["owner"] = None if held is None else held.to_json()
+    # The exit code reads the stored names (the one table); the printed answer speaks the CLI's vocabulary.
     code = exit_code(operation, receipt.type, status, waiting, decision)
+    _in_cli_vocabulary(payload, parked_plan=receipt.type == "Parked" and run_id is None)
     if as_json:
         typer.echo(json.dumps(payload, sort_keys=True, default=str))
         return code
-    console = Console(highlight=False, soft_wrap=True)
+    # markup off: run ids, request ids and errors are someone else's text, and `[...]` in them is not a style.
+    console = Console(highlight=False, soft_wrap=True, markup=False)
     if report is not None and report.settlements:
         table = Table("node", "outcome", "cache", "attempts", "error", title=f"run {run_id}")
         for s in report.settlements:
-            table.add_row(s.node, s.outcome, s.cache_decision or "-", str(s.attempts), s.error or "")
+            error = safe_text(s.error, 200) if s.error else ""
+            table.add_row(safe_text(s.node), s.outcome, s.cache_decision or "-", str(s.attempts), error)
         console.print(table)
     console.print(_headline(receipt, payload, operation))
     if held is not None:
@@ -225,7 +239,7 @@ def answer(
         )
     if view is not None and view.error is not None and status in ("failed", "cancelled") and report is None:
         # A retry replays the settled run: say why it ended, not only that it did.
-        console.print(f"  why: {view.error}")
+        console.print(f"  why: {safe_text(view.error, 400)}")
     wake = payload.get("host_wake")
     if wake is not None and wake["type"] == "HostWoken":
         console.print(f"  {wake['detail']}")
@@ -235,13 +249,31 @@ def answer(
     if view is not None and view.pending:
         for r in view.pending:
             console.print(
-                f"  waiting for approval {r.request_id!r}: smthrs approve {run_id} --request {r.request_id}"
+                f"  waiting for approval {safe_text(r.request_id)!r}: smthrs approve {safe_text(run_id)} --request "
+                f"{safe_text(r.request_id)}"
             )
     return code
 
 
+def _in_cli_vocabulary(payload: dict[str, Any], *, parked_plan: bool) -> None:
+    """Rewrite the control plane's answer (``serve.wire``) in the CLI's vocabulary, in place. A plan awaiting its
+    approval has no run yet (``run_id`` null: the same key launches it once approved), but the launch is parked on
+    an approval, and the answer says so."""
+    if parked_plan:
+        payload.update(status="parked", waiting_reason="approval")
+    else:
+        payload["status"], payload["waiting_reason"] = cli_state(payload["status"], payload["waiting_reason"])
+    payload["receipt"] = cli_receipt(payload["receipt"])
+    payload["requests"] = [cli_request(r) for r in payload["requests"]]
+
+
 def _headline(receipt: Any, payload: Mapping[str, Any], operation: str) -> str:
     tag = receipt.type
+    if tag == "Parked" and payload.get("run_id"):
+        return (
+            f"{operation}: Parked — run {payload['run_id']} is parked waiting for a node approval; approve it (below), "
+            "then run the same command again"
+        )
     if tag == "Parked":
         return (
             f"{operation}: Parked — plan {payload['receipt']['planId']} is waiting for approval "

@@ -365,7 +365,11 @@ def _plan_flows(runtime: Any, files: list[Path]) -> dict[str, Any]:
                 # This file is not the plan the run recorded (or it changed): give the run back, resumable by a
                 # worker with the right file, exactly as `smthrs run --run-id` leaves a refused run.
                 raise RunReleased(ctx.run_id, "refused") from exc
-            summary = {"plan_id": report.plan_id, "digest": report.digest, "outcomes": report.outcomes}
+            summary = {
+                "plan_id": report.plan_id,
+                "key": report.digest,
+                "outcomes": report.outcomes,
+            }  # key1_: `key`
             return FlowFailed(summary) if report.failed else FlowCompleted(summary)
 
         if pf.plan.flow in out:

@@ -153,7 +153,7 @@ def test_the_control_plane_refuses_a_bogus_scope_before_asking_the_authority(ws:
 
 def test_a_denied_node_approval_exits_3_on_every_identical_retry(ws: Path) -> None:
     code, out = smthrs(ws, "run", "gate.yaml", "--key", "release:v1")
-    assert code == 75 and out["waiting_reason"] == "waiting-approval"
+    assert code == 75 and out["waiting_reason"] == "approval"
     run_id = out["run_id"]
     assert [r["request_id"] for r in out["requests"]] == ["ship"]
     codes = [smthrs(ws, "deny", run_id, "--request", "ship")[0] for _ in range(3)]

@@ -295,7 +295,7 @@ def test_recover_fence_on_the_default_path_of_a_workspace_without_a_database_cre
 
 def test_recover_fence_and_runs_still_work_on_an_existing_database(cli: Cli, db: str) -> None:
     code, fenced = cli.invoke("recover", "fence", "--db", db)
-    assert code == 0 and fenced["status"] == "fenced"
+    assert code == 0 and fenced["action"] == "fenced"
     code, listed = cli.invoke("runs")  # the default database of the workspace, which exists
     assert code == 0 and listed["runs"] == []
 

@@ -94,8 +94,9 @@ def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
     code, out = cli("run", "build.yaml", "--key", "build:v1.4.0")
     assert (code, out["receipt"]) == (
         75,
-        {"type": "Parked", "_tag": "Parked", "planId": plan_id, "status": "waiting-approval"},
+        {"_tag": "Parked", "planId": plan_id, "status": "waiting-approval"},
     )
+    assert (out["status"], out["waiting_reason"], out["run_id"]) == ("parked", "approval", None)
 
     code, out = cli("approve", plan_id, "--as", "mallory/human")
     assert code == 3 and out["error"]["code"] == "unauthorized"
@@ -120,7 +121,7 @@ def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
     assert code == 0
     assert cli("approve", card["plan_id"])[0] == 0
     code, out = cli("run", "pipeline.yaml", "--key", "release:v1.4.0")
-    assert code == 75 and out["status"] == "suspended" and out["waiting_reason"] == "waiting-approval"
+    assert code == 75 and out["status"] == "parked" and out["waiting_reason"] == "approval"
     release = out["run_id"]
     assert [r["request_id"] for r in out["requests"]] == ["ship"]
     assert cli.executions() == ["build", "test"]  # served from the cache: clean, not re-executed
@@ -144,7 +145,6 @@ def test_the_ci_story_through_the_real_cli(cli: Cli) -> None:
     assert code == 0 and out["receipt"]["_tag"] == "AlreadyApplied" and out["status"] == "completed"
     code, out = cli("resume", release, "--key", "resume:release:v1.4.0")
     assert code == 0 and out["receipt"] == {
-        "type": "Terminal",
         "_tag": "Terminal",
         "runId": release,
         "status": "completed",

@@ -2,7 +2,7 @@
 run status × waiting reason × recorded decision, against the rules CI pipelines rely on — and a check that no
 command keeps exit codes of its own.
 
-The expected column is written independently of the implementation, as the README states it: 0 done (for a run:
+The expected column is written independently of the implementation, as docs/tutorials/ci-pipelines.md states it: 0 done (for a run:
 completed, nothing else), 1 failed/cancelled/quarantined, 2 refused, 3 denied, 75 not finished (parked, released,
 or held by another live owner; or stopped by a passing fault of the environment, whatever error carries it)."""
 
@@ -125,7 +125,7 @@ def test_refusals_exit_3_for_the_denial_family_and_2_for_everything_else() -> No
     assert refusal_exit(SchedulerError("invalid_plan", "no")) == 2
 
 
-#: The passing faults of the environment, as the README states them: exit 75, never 1 or 2.
+#: The passing faults of the environment, as docs/tutorials/ci-pipelines.md states them: exit 75, never 1 or 2.
 PASSING = {("store", "unreachable"), ("store", "disk_full"), ("store", "locked"), ("store", "read_only"),
            ("store", "contended"), ("artifacts", "unavailable")}  # fmt: skip
 

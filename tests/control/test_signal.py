@@ -279,12 +279,12 @@ def test_smthrs_signal_delivers_and_its_retry_is_already_applied(
     first = _smthrs(ws, "signal", "cli-run", "approval", "--value", '{"ok": true}', "--json")
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
-    assert out["receipt"]["type"] == "Accepted" and out["run_id"] == "cli-run" and out["name"] == "approval"
+    assert out["receipt"]["_tag"] == "Accepted" and out["run_id"] == "cli-run" and out["name"] == "approval"
     assert out["status"] == "pending"  # woken: a driver takes it from here
     again = _smthrs(ws, "signal", "cli-run", "approval", "--value", '{"ok": true}', "--json")
-    assert again.returncode == 0 and json.loads(again.stdout)["receipt"]["type"] == "AlreadyApplied"
+    assert again.returncode == 0 and json.loads(again.stdout)["receipt"]["_tag"] == "AlreadyApplied"
     other = _smthrs(ws, "signal", "cli-run", "approval", "--value", '{"ok": false}', "--json")
-    assert other.returncode == 2 and json.loads(other.stdout)["receipt"]["type"] == "Conflict"
+    assert other.returncode == 2 and json.loads(other.stdout)["receipt"]["_tag"] == "Conflict"
     assert isinstance(d.drive("cli-run"), DriveSettled)
     assert d.runs.get("cli-run").result == {"value": {"ok": True}}  # type: ignore[union-attr]
 

@@ -1,7 +1,7 @@
 """One JSON vocabulary for every ``--json`` output: our own fields are snake_case and every command's
-top-level keys are pinned here (the README's "JSON output" table states the same shapes). Nested objects whose wire
-form the reference fixes keep its spelling: the ``receipt`` (``_tag``, ``receiptId``, ``runId``, ``planId``) and
-the plan ``card`` (``planId``, ``flowId`` ...). A CI script written against one command works against the others.
+top-level keys are pinned here (docs/rules.md, "JSON vocabulary", states the same shapes). Nested objects whose wire
+form the reference fixes keep its spelling: the ``receipt`` (``_tag``, ``receiptId``, ``runId``, ``planId``; no
+``type`` copy) and the plan ``card`` (``planId``, ``flowId`` ...). A CI script written against one command works against the others.
 
 In-process through the real typer app, on a SQLite workspace."""
 
@@ -47,7 +47,18 @@ SHAPES: dict[str, set[str]] = {
     "cancel": DECISION_ANSWER,
     "run --key": RUN_ANSWER,
     "resume": RUN_ANSWER,
-    "run": {"run_id", "plan_id", "digest", "status", "waiting_reason", "settlements"},
+    "run": {
+        "run_id",
+        "plan_id",
+        "key",
+        "status",
+        "waiting_reason",
+        "wait",
+        "node",
+        "settlements",
+        "merges",
+        "error",
+    },
     "runs": {"runs", "cursor", "source", "revision"},
     "show": {"run", "source", "revision"},
     "watch": {"run_id", "events", "cursor"},
@@ -86,7 +97,8 @@ def test_every_command_prints_its_pinned_snake_case_top_level_keys(ws: Path) -> 
     assert card["card"]["planId"] == card["plan_id"]  # the reference's wire form, nested
 
     code, out = smthrs(ws, "run", "shapes.yaml", "--key", "k")
-    assert code == 75 and out["receipt"]["_tag"] == "Parked"
+    assert code == 75 and out["receipt"]["_tag"] == "Parked" and "type" not in out["receipt"]
+    assert (out["status"], out["waiting_reason"]) == ("parked", "approval")  # the launch waits for the plan's
     _shape("run --key", out)
     assert out["plan_id"] == card["plan_id"]  # the same name and value as `plan --json`
 
@@ -96,7 +108,7 @@ def test_every_command_prints_its_pinned_snake_case_top_level_keys(ws: Path) -> 
     assert out["plan_id"] == card["plan_id"]
 
     code, out = smthrs(ws, "run", "shapes.yaml", "--key", "k")
-    assert code == 75 and out["waiting_reason"] == "waiting-approval"
+    assert code == 75 and (out["status"], out["waiting_reason"]) == ("parked", "approval")
     _shape("run --key", out)
     run_id = out["run_id"]
     (request,) = out["requests"]
