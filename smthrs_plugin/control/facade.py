@@ -61,6 +61,7 @@ from ..scheduler.plans import PlanStore
 from ..settings import Settings, load_settings
 from ..stores.database import Database
 from . import _planning as planning
+from . import history
 from . import launch as ln
 from .approvals import WAITING_APPROVAL_REASON, Approvals, check_scope, state_of
 from .authority import AuthorityRequest, NodeTarget, PlanTarget, Target, target_from_json
@@ -534,7 +535,19 @@ class Control:
         row = self.run_row(run_id)
         if row is None:
             raise ControlError("run_not_found", f"run {run_id!r} does not exist", run_id=run_id)
+        if row.status == "suspended" and self._host_ended(run_id):
+            row = self.run_row(run_id) or row
         return Terminal(run_id, row.status) if row.status in TERMINAL_STATUSES else None
+
+    def _host_ended(self, run_id: str) -> bool:
+        """Before deciding on a parked run: its host may have ended it where no process could tell us (a Prefect
+        deployment flow run cancelled in the UI). The waker's optional ``ended(run_id, journal)`` settles the run
+        and says why (``last_host_wake``); True when it did."""
+        ended = getattr(self.waker, "ended", None)
+        outcome = None if ended is None else ended(run_id, self.journal)
+        if outcome is not None:
+            self._woke.outcome = outcome
+        return outcome is not None
 
     def pending_requests(self, run_id: str) -> list[NodeTarget]:
         """The node requests of ``run_id`` still waiting for a decision, in registration order."""
@@ -669,6 +682,8 @@ class Control:
         assert m.principal is not None and type(m.input) is dict
         actor = m.principal
         decoded = m.input["value"]  # the bounded copy: the caller's object is never read again
+        if (row := self.run_row(run_id)) is not None and row.status == "suspended":
+            self._host_ended(run_id)  # a run its host ended answers Terminal below
         replay = self.db.read(lambda c: rc.receipt_in(c, m.durable_key))
         if replay is not None:
             return self._signalled(
@@ -804,6 +819,24 @@ class Control:
             return None if token is None else state_of(token, rc.decision_in(conn, token.token_id))
 
         return self.db.read(fn)
+
+    def card_decision(self, plan_id: str) -> history.Decision | None:
+        """Who decided card ``plan_id``'s approval, when, with which scope and receipt (``control/history.py``);
+        None when its launch needs no approval."""
+        return self.db.read(lambda c: history.card_decision_in(c, plan_id, _derived_key))
+
+    def run_history(self, run_id: str, limit: int = history.MAX_RUN_DECISIONS) -> history.RunHistory:
+        """Run ``run_id`` with its admission, the decisions that let it go on (newest ``limit`` node decisions)
+        and its Prefect flow run (``run_not_found`` when absent)."""
+        found = self.db.read(lambda c: history.run_history_in(c, run_id, _derived_key, limit))
+        if found is None:
+            raise ControlError("run_not_found", f"run {run_id!r} does not exist", run_id=run_id)
+        return found
+
+    def approvers(self, kind: Literal["Plan", "Node"]) -> tuple[str, ...] | None:
+        """Who this plane's approval authority lets decide ``kind`` targets (None: a plugin's authority, which
+        decides per request and cannot be listed)."""
+        return history.approvers_of(self.approvals.authority, kind)
 
 
 def _derived_key(action: str, target: Target) -> str:

@@ -1,7 +1,7 @@
 """``/projections``: a run's watch events over HTTP (``application/x-ndjson``) and WebSocket, resumable by cursor.
 
-Each event is the object ``smthrs watch RUN --json`` prints per line (``observe/watch.py``'s ``ControlEvent``, with
-its ``cursor``).
+Each event is the object ``smthrs watch RUN --json`` prints per line (``wire.event_payload``: ``{sequence, kind,
+run_id, occurred_at_ms, payload, cursor, partition}``, the ``payload`` being the journal record as written).
 
 Invariants
 - **Gap- and duplicate-free across reconnects** because nothing here keeps state of its own: every connection is one
@@ -38,6 +38,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ..errors import ControlError, InvalidInput, SmthrsError
 from ..observe.watch import ControlEvent, WatchStream, require_watchable, watch
 from ..stores.database import Database
+from .wire import event_payload
 
 __all__ = ["Projections", "MAX_STREAMS", "IDLE_S", "open_projection"]
 
@@ -85,7 +86,7 @@ def _flag(text: str) -> bool:
 
 
 def _line(ev: ControlEvent) -> str:
-    return json.dumps(ev.to_json(), sort_keys=True)
+    return json.dumps(event_payload(ev), sort_keys=True)
 
 
 def _status(exc: SmthrsError) -> int:

@@ -2,8 +2,10 @@
 HTTP side: bounded body, credential, status codes).
 
 Methods are the CLI verbs, taking the CLI's argument and option names as ``params`` (the README's ``smthrs serve``
-section), plus the review page's reads ``review.pending {}`` and ``review.card {ident}``. A result is the object the
-CLI prints with ``--json`` (``wire.py``).
+section), plus the review page's reads ``review.pending {}``, ``review.card {ident}`` (a plan id) and
+``review.history {ident}`` (a plan id or a run id: who decided, when, scope, digest, receipt, what happens next).
+A result is the object the CLI prints with ``--json``, in the one JSON vocabulary (``wire.py``,
+``smthrs_plugin/vocabulary.py``); the review reads follow its rules for their own keys (``_review.py``).
 
 - One request object per call, with an ``id``: a batch or a notification is refused ``-32600`` before anything runs;
   unknown params ``-32602``.
@@ -64,7 +66,7 @@ REFUSED = -32000
 #: Methods that write: they need the bearer credential.
 MUTATIONS = frozenset({"plan", "approve", "deny", "cancel", "resume", "signal"})
 #: Methods that only read: open to every caller.
-READS = frozenset({"show", "runs", "review.pending", "review.card"})
+READS = frozenset({"show", "runs", "review.pending", "review.card", "review.history"})
 METHODS = MUTATIONS | READS
 
 #: Principal fields a caller might send; the transport decides who acts, so they are dropped unread.
@@ -84,7 +86,7 @@ def _spec(required: str = "", optional: str = "") -> _Spec:
 _SPECS: dict[str, _Spec] = {
     "plan": _spec("", "path text inputs"),
     "show": _spec("run_id"),
-    "runs": _spec("", "status flow limit cursor"),
+    "runs": _spec("", "status waiting flow limit cursor"),
     "approve": _spec("ident", "request digest scope key"),
     "deny": _spec("ident", "request digest key"),
     "cancel": _spec("run_id", "reason"),
@@ -92,6 +94,7 @@ _SPECS: dict[str, _Spec] = {
     "signal": _spec("run_id name value", "key"),
     "review.pending": _spec(),
     "review.card": _spec("ident"),
+    "review.history": _spec("ident"),
 }
 assert set(_SPECS) == METHODS
 
@@ -220,6 +223,7 @@ class Methods:
             "signal": self._signal,
             "review.pending": self._review_pending,
             "review.card": self._review_card,
+            "review.history": self._review_history,
         }
 
     def call(self, call: Call) -> dict[str, Any]:
@@ -323,13 +327,13 @@ class Methods:
         receipt = self.control.cancel(
             _str(p, "run_id"), principal=self.principal, reason=_opt_str(p, "reason")
         )
-        return receipt_payload(self.control, receipt, operation="cancel")
+        return receipt_payload(self.control, receipt, operation="cancel", run_id=_str(p, "run_id"))
 
     def _resume(self, p: dict[str, Any]) -> dict[str, Any]:
         receipt = self.control.resume(
             _str(p, "run_id"), idempotency_key=_str(p, "key"), principal=self.principal
         )
-        return receipt_payload(self.control, receipt, operation="resume")
+        return receipt_payload(self.control, receipt, operation="resume", run_id=_str(p, "run_id"))
 
     def _signal(self, p: dict[str, Any]) -> dict[str, Any]:
         run_id, name = _str(p, "run_id"), _str(p, "name")
@@ -365,6 +369,7 @@ class Methods:
         return runs_payload(
             self.rt.db,
             status=_opt_str(p, "status"),
+            waiting=_opt_str(p, "waiting"),
             flow=_opt_str(p, "flow"),
             limit=limit,
             cursor=_opt_str(p, "cursor"),
@@ -379,6 +384,11 @@ class Methods:
         from . import _review
 
         return _review.card_view(self.control, _str(p, "ident"))
+
+    def _review_history(self, p: dict[str, Any]) -> Any:
+        from . import _review
+
+        return _review.history_view(self.control, _str(p, "ident"))
 
 
 def _options(message: str, option: str) -> ControlError:

@@ -80,14 +80,14 @@ def parse_serve_log(text: str) -> tuple[str | None, str | None]:
 
 
 @contextmanager
-def serve(workspace: Path, log: Path, port: int = 0) -> Iterator[Server]:
-    """The real ``smthrs serve`` on ``workspace`` (loopback; ``port`` 0: a free one), stopped (its pid only) on
-    exit."""
+def serve(workspace: Path, log: Path, port: int = 0, **env: str) -> Iterator[Server]:
+    """The real ``smthrs serve`` on ``workspace`` (loopback; ``port`` 0: a free one; ``env``: extra environment),
+    stopped (its pid only) on exit."""
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [SMTHRS, "serve", "--host", "127.0.0.1", "--port", str(port)],
             cwd=workspace,
-            env=clean_env(workspace),
+            env=clean_env(workspace, **env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -191,3 +191,16 @@ def script_errors(driver: Any) -> list[str]:
     """Uncaught exceptions and rejections the page's scripts raised so far (console entries; a refused HTTP call
     the page handles is logged by chromium too, and is not one of these)."""
     return [e["message"] for e in driver.get_log("browser") if "Uncaught" in e["message"]]
+
+
+def smthrs(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """One ``smthrs`` CLI command on ``workspace`` (its output captured)."""
+    return subprocess.run(
+        [SMTHRS, *args],
+        cwd=workspace,
+        env=clean_env(workspace),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 
 from smthrs_plugin.control.identity import MAX_CANONICAL_BYTES
 from smthrs_plugin.runtime import Runtime
+from smthrs_plugin.serve._app import STATIC_DIR
 from smthrs_plugin.serve.rpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -67,11 +69,11 @@ def setup(card: Any, parked_run: str, waiting_run: str, plan_text: str) -> Calla
 
 def test_every_read_answers_without_a_token(server: Any, parked_run: str, card: Any) -> None:
     assert {r["run_id"] for r in server.result("runs", {}, token=None)["runs"]} == {parked_run}
-    assert server.result("show", {"run_id": parked_run}, token=None)["run"]["status"] == "suspended"
+    assert server.result("show", {"run_id": parked_run}, token=None)["run"]["status"] == "parked"
     pending = server.result("review.pending", {}, token=None)
     assert [r["run_id"] for r in pending["requests"]] == [parked_run]
     assert server.result("review.card", {"ident": card.plan_id}, token=None)["plan_id"] == card.plan_id
-    assert {"show", "runs", "review.pending", "review.card"} == READS
+    assert {"show", "runs", "review.pending", "review.card", "review.history"} == READS
     # ... and with it, or with a wrong one: a read never looks at the credential.
     for token in ("session", "wrong-token-wrong-token"):
         assert server.result("show", {"run_id": parked_run}, token=token)["run"]["run_id"] == parked_run
@@ -97,7 +99,10 @@ def test_every_mutation_is_refused_without_the_token_and_writes_nothing(
         token = server.token + "x"
     before = state()
     r = server.rpc(method, setup(method), token=token)
-    assert r.status_code == status, (r.text, server.stderr[-30:])  # the server's own log, should it answer 500
+    assert r.status_code == status, (
+        r.text,
+        server.stderr[-30:],
+    )  # the server's own log, should it answer 500
     assert r.json()["error"]["data"]["code"] == "unauthorized"
     assert status == 403 or r.headers["www-authenticate"].startswith("Bearer")
     assert server.token not in r.text
@@ -129,7 +134,7 @@ def test_every_mutation_answers_with_the_token(
     if method == "plan":
         assert result["approval_state"] == "pending" and result["card"]["planId"] == result["plan_id"]
     else:
-        assert result["receipt"]["type"] == "Accepted", result
+        assert result["receipt"]["_tag"] == "Accepted" and "type" not in result["receipt"], result
 
 
 # -- the operator principal --------------------------------------------------------------------------------------------
@@ -145,7 +150,7 @@ def test_a_principal_in_the_request_is_ignored_and_the_decision_is_the_operators
         "as_": "mallory/operator",
     }
     result = server.result("approve", params)
-    assert result["receipt"]["type"] == "Accepted" and result["plan_id"] == card.plan_id
+    assert result["receipt"]["_tag"] == "Accepted" and result["plan_id"] == card.plan_id
     who = rt.db.read(
         lambda c: c.execute(sa.text("SELECT principal_id, principal_kind FROM control_decisions")).all()
     )
@@ -157,7 +162,7 @@ def test_the_configured_operator_principal_is_who_acts(
 ) -> None:
     server = start("--as", "release-desk/operator")
     params = {"run_id": waiting_run, "name": "approval", "value": 1, "principal": {"id": "x", "kind": "y"}}
-    assert server.result("signal", params)["receipt"]["type"] == "Accepted"
+    assert server.result("signal", params)["receipt"]["_tag"] == "Accepted"
     payload = rt.db.read(
         lambda c: c.execute(
             sa.text("SELECT payload_json FROM journal_events WHERE type = 'control.signal.delivered'")
@@ -173,10 +178,10 @@ def test_a_retried_approve_is_already_applied_and_writes_nothing(
     server: Any, card: Any, state: State
 ) -> None:
     first = server.result("approve", {"ident": card.plan_id, "key": "approve:release"})
-    assert first["receipt"]["type"] == "Accepted"
+    assert first["receipt"]["_tag"] == "Accepted"
     before = state()
     again = server.result("approve", {"ident": card.plan_id, "key": "approve:release"})
-    assert again["receipt"]["type"] == "AlreadyApplied"
+    assert again["receipt"]["_tag"] == "AlreadyApplied"
     assert again["receipt"]["receiptId"] == first["receipt"]["receiptId"]
     assert state() == before
 
@@ -186,33 +191,33 @@ def test_a_retried_signal_is_already_applied_and_another_value_under_its_key_con
 ) -> None:
     params = {"run_id": waiting_run, "name": "approval", "value": {"ok": True}, "key": "answer:1"}
     first = server.result("signal", params)
-    assert first["receipt"]["type"] == "Accepted" and first["status"] == "pending"  # woken
+    assert first["receipt"]["_tag"] == "Accepted" and first["status"] == "pending"  # woken
     before = state()
-    assert server.result("signal", params)["receipt"]["type"] == "AlreadyApplied"
+    assert server.result("signal", params)["receipt"]["_tag"] == "AlreadyApplied"
     conflict = server.result("signal", {**params, "value": {"ok": False}})
-    assert conflict["receipt"]["type"] == "Conflict"
+    assert conflict["receipt"]["_tag"] == "Conflict"
     assert state() == before
 
 
 def test_a_node_approval_over_rpc_wakes_the_parked_run(server: Any, parked_run: str, rt: Runtime) -> None:
     result = server.result("approve", {"ident": parked_run})
-    assert result["receipt"]["type"] == "Accepted" and result["run_id"] == parked_run
+    assert result["receipt"]["_tag"] == "Accepted" and result["run_id"] == parked_run
     assert result["status"] == "pending" and result["requests"] == []
     assert rt.control().show(parked_run).status == "pending"
 
 
 def test_deny_and_cancel_answer_their_receipts(server: Any, parked_run: str, card: Any) -> None:
     denied = server.result("deny", {"ident": parked_run, "request": "ship"})
-    assert denied["receipt"]["type"] == "Accepted" and denied["plan_id"] == card.plan_id
+    assert denied["receipt"]["_tag"] == "Accepted" and denied["plan_id"] == card.plan_id
     cancelled = server.result("cancel", {"run_id": parked_run, "reason": "changed my mind"})
-    assert cancelled["receipt"]["type"] in ("Accepted", "Terminal")
+    assert cancelled["receipt"]["_tag"] in ("Accepted", "Terminal")
 
 
 def test_resume_records_the_resume_and_leaves_driving_to_a_driver(
     server: Any, waiting_run: str, rt: Runtime, driver: Any
 ) -> None:
     result = server.result("resume", {"run_id": waiting_run, "key": "resume:1"})
-    assert result["receipt"]["type"] == "Accepted"
+    assert result["receipt"]["_tag"] == "Accepted"
     assert result["settlements"] == [] and result["owner"] is None
     types = rt.db.read(
         lambda c: (
@@ -227,7 +232,7 @@ def test_resume_records_the_resume_and_leaves_driving_to_a_driver(
     assert types[-1] == "control.run.resume"
     assert rt.control().show(waiting_run).status == "suspended"  # the server did not drive it
     assert (
-        server.result("resume", {"run_id": waiting_run, "key": "resume:1"})["receipt"]["type"]
+        server.result("resume", {"run_id": waiting_run, "key": "resume:1"})["receipt"]["_tag"]
         == "AlreadyApplied"
     )
 
@@ -262,6 +267,49 @@ def test_plan_show_and_runs_answer_what_the_cli_prints(
     assert json.loads(shown.stdout) == server.result("show", {"run_id": parked_run}, token=None)
     listed = _cli(workspace, "runs", "--json")
     assert json.loads(listed.stdout) == server.result("runs", {}, token=None)
+
+
+def test_a_parked_resume_names_its_run_as_smthrs_resume_does(
+    server: Any, workspace: Path, parked_run: str, card: Any
+) -> None:
+    over_rpc = server.result("resume", {"run_id": parked_run, "key": "resume:rpc"})
+    cli = _cli(workspace, "resume", parked_run, "--key", "resume:cli", "--json", "--no-wait")
+    assert cli.returncode == 75, cli.stderr  # parked
+    from_cli = json.loads(cli.stdout)
+    assert set(from_cli) == set(over_rpc) and set(from_cli["receipt"]) == set(over_rpc["receipt"])
+    # The Parked receipt names only the plan; the answer still names the run, in the CLI's words.
+    assert over_rpc["receipt"]["_tag"] == "Parked" and "runId" not in over_rpc["receipt"]
+    for answer in (over_rpc, from_cli):
+        assert (answer["run_id"], answer["status"], answer["waiting_reason"]) == (
+            parked_run,
+            "parked",
+            "approval",
+        )
+        assert (answer["plan_id"], answer["digest"]) == (card.plan_id, card.digest)
+        [request] = answer["requests"]
+        assert (
+            request["request_id"] == "ship" and request["key"].startswith("key1_") and "digest" not in request
+        )
+    assert from_cli["requests"] == over_rpc["requests"]
+
+
+def test_show_and_runs_speak_the_cli_vocabulary_and_refuse_a_stored_name(
+    server: Any, parked_run: str, waiting_run: str
+) -> None:
+    parked = server.result("show", {"run_id": parked_run}, token=None)["run"]
+    assert (parked["status"], parked["waiting_reason"], parked["wait"]["reason"]) == (
+        "parked",
+        "approval",
+        "approval",
+    )
+    assert "kind" not in parked["wait"] and type(parked["created_at_ms"]) is int
+    signal = server.result("show", {"run_id": waiting_run}, token=None)["run"]
+    assert (signal["status"], signal["waiting_reason"]) == ("parked", "signal")
+    listed = server.result("runs", {"status": "parked", "waiting": "approval"}, token=None)["runs"]
+    assert [r["run_id"] for r in listed] == [parked_run]
+    for params in ({"status": "suspended"}, {"waiting": "waiting-approval"}, {"waiting": "event"}):
+        error = server.rpc("runs", params, token=None).json()["error"]
+        assert error["code"] == INVALID_PARAMS and error["data"]["code"] == "invalid_options", error
 
 
 def test_signal_answers_the_object_smthrs_signal_prints(server: Any, workspace: Path, driver: Any) -> None:
@@ -486,3 +534,37 @@ def test_the_review_page_and_its_static_files_are_served_and_nothing_beside_them
             "/openapi.json",
         ):
             assert c.get(probe).status_code == 404, probe
+
+
+_SCRIPT_TAG = re.compile(r"<script\b([^>]*)>", re.I)
+_IMPORT_FROM = re.compile(r'^import\b[^;]*?\bfrom\s+"\./([\w.-]+\.js)";', re.M)
+_JS_TYPES = ("text/javascript", "application/javascript")
+
+
+def test_the_review_page_loads_one_module_script_whose_imports_are_all_served_as_javascript(
+    server: Any,
+) -> None:
+    # A module script (and every module it imports) is refused by the browser unless served with a JavaScript MIME
+    # type and allowed by the page's Content-Security-Policy; a module missing from the static files breaks the page.
+    with httpx.Client(base_url=server.local_url(), timeout=120) as c:
+        page = c.get("/")
+        tags = _SCRIPT_TAG.findall(page.text)
+        assert tags == [' type="module" src="/static/app.js"'], tags
+        csp = page.headers["content-security-policy"]
+        script_src = [
+            d.split()[1:] for d in csp.split(";") if d.split()[:1] in (["script-src"], ["default-src"])
+        ]
+        assert all("'self'" in sources for sources in script_src), csp
+        reached: set[str] = set()
+        todo = ["app.js"]
+        while todo:
+            name = todo.pop()
+            if name in reached:
+                continue
+            reached.add(name)
+            answer = c.get("/static/" + name)
+            assert answer.status_code == 200, name
+            assert answer.headers["content-type"].split(";")[0].strip() in _JS_TYPES, (name, answer.headers)
+            todo.extend(_IMPORT_FROM.findall(answer.text))
+    # Every script shipped is reached from the entry: none is dead weight, none loads by another path.
+    assert reached == {p.name for p in STATIC_DIR.glob("*.js")}

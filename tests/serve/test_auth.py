@@ -53,7 +53,7 @@ def test_a_loopback_server_prints_a_fresh_token_each_session_and_accepts_it(
     assert first.token and second.token and first.token != second.token
     assert first.url == f"http://127.0.0.1:{first.port}"
     r = first.rpc("signal", {"run_id": waiting_run, "name": "approval", "value": 1})
-    assert r.status_code == 200 and r.json()["result"]["receipt"]["type"] == "Accepted"
+    assert r.status_code == 200 and r.json()["result"]["receipt"]["_tag"] == "Accepted"
     # One session's token is not another's.
     assert second.rpc("cancel", {"run_id": waiting_run}, token=first.token).status_code == 403
 
@@ -116,7 +116,7 @@ def test_a_network_bind_with_smthrs_serve_token_starts_and_requires_that_credent
     assert s.rpc("cancel", {"run_id": waiting_run}, token=CONFIGURED[:-1]).status_code == 403
     assert state() == before
     ok = s.rpc("cancel", {"run_id": waiting_run}, token=CONFIGURED)
-    assert ok.status_code == 200 and ok.json()["result"]["receipt"]["type"] == "Accepted"
+    assert ok.status_code == 200 and ok.json()["result"]["receipt"]["_tag"] == "Accepted"
     # Not a loopback bind: any Host may address it.
     with httpx.Client(base_url=s.local_url(), timeout=DEADLINE_S) as c:
         assert c.post("/rpc", json={"jsonrpc": "2.0", "id": 1, "method": "runs"}, headers={"Host": "ci.example"}).status_code == 200  # fmt: skip

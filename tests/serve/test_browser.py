@@ -184,6 +184,12 @@ def test_a_reviewer_approves_the_plan_and_the_deploy_in_the_page_and_the_ci_job_
         wait_for(lambda: "Approved plan " + plan_id in text_of(browser, "#flash"), "the approval receipt")
         assert pending(server)["plans"] == []
         wait_for(lambda: not page_has(browser, card_sel), "the decided card to leave the page")
+        # ... into the history: who decided, with which scope and digest, and the command the CI job re-runs.
+        entry = f".history-entry[data-ident='{plan_id}']"
+        wait_for(lambda: page_has(browser, entry + " .next-command"), "the plan's history entry")
+        assert text_of(browser, entry + " .h-principal") == "local/operator"
+        assert text_of(browser, entry + " .h-digest") == digest
+        assert text_of(browser, entry + " .next-command") == f"smthrs run {plan_id} --key KEY"
 
         # The job's next retry launches the run; it parks on the deploy node's request, which the page shows.
         req_sel = ".card.request"
@@ -371,7 +377,9 @@ def test_a_changed_plan_shows_what_changed_since_its_last_approved_card(
     assert text_of(browser, ".card.plan .plan-id") == changed.plan_id
     changes = text_of(browser, ".card.plan .changes")
     assert approved.digest[:15] in changes
-    assert "added notify" in changes and "changed deploy (run)" in changes and "envelope" not in changes
+    assert "added notify" in changes and "envelope" not in changes
+    deploy = text_of(browser, ".card.plan .changes li.change[data-node='deploy']")
+    assert deploy.startswith("changed") and "./deploy.sh \u2192 ./deploy.sh --force" in deploy
     classes = js(
         browser,
         "return Object.fromEntries([...document.querySelectorAll('.card.plan svg.dag g.node')]"
@@ -436,7 +444,7 @@ def test_the_job_starts_its_own_server_keeps_the_token_off_its_log_and_completes
         assert status == 200 and body["result"]["receipt"]["_tag"] == "Accepted", body
         wait_for(lambda: "waits for request ship" in job_output(out), "the run to park on the deploy request")
         [request] = rpc(url, "review.pending")[1]["result"]["requests"]
-        params = {"ident": request["run_id"], "request": "ship", "digest": request["digest"]}
+        params = {"ident": request["run_id"], "request": "ship", "digest": request["key"]}
         status, body = rpc(url, "approve", params, token)
         assert status == 200 and body["result"]["receipt"]["_tag"] == "Accepted", body
         wait_for(lambda: job.poll() is not None, "the CI job to finish")

@@ -163,8 +163,19 @@ def test_a_websocket_follows_a_signal_delivered_over_rpc(server: Any, waiting_ru
             server.result("signal", {"run_id": waiting_run, "name": "approval", "value": 1})["status"]
             == "pending"
         )
-        kinds = [json.loads(ws.recv(timeout=DEADLINE_S))["kind"] for _ in range(3)]
-    assert kinds == ["deferred-completed", "control.signal.delivered", "run-woken"]
+        events = [json.loads(ws.recv(timeout=DEADLINE_S)) for _ in range(3)]
+    assert [e["kind"] for e in events] == ["deferred-completed", "control.signal.delivered", "run-woken"]
+    # The envelope speaks the CLI's vocabulary (`smthrs watch --json`); the payload is the record as written.
+    assert all(type(e["occurred_at_ms"]) is int and "occurred_at" not in e for e in events)
+    assert set(events[0]) == {
+        "sequence",
+        "kind",
+        "run_id",
+        "occurred_at_ms",
+        "payload",
+        "cursor",
+        "partition",
+    }
 
 
 @pytest.mark.parametrize(

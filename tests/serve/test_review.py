@@ -114,6 +114,9 @@ def test_card_view_draws_the_stored_graph_with_each_nodes_action_tier_and_effect
     card = control.plan(pipeline(extra=True), envelope=ENV, approval=True)
     view = card_view(control, card.plan_id)
     assert (view["plan_id"], view["flow"], view["digest"]) == (card.plan_id, "ci/release", card.digest)
+    assert view["plan_key"] == card.plan_digest and view["plan_key"].startswith(
+        "key1_"
+    )  # a key1_ value: `key`
     assert view["envelope"]["capabilities"] == ["deploy:prod"]
     assert view["previous"] is None
     nodes = {n["id"]: n for n in view["nodes"]}
@@ -142,12 +145,29 @@ def test_previous_is_the_last_approved_card_of_the_same_plan_with_what_changed(c
     assert previous is not None
     # The denied card is not what was last approved: the comparison is with `first`.
     assert (previous["plan_id"], previous["digest"]) == (first.plan_id, first.digest)
-    assert previous["changes"] == {
-        "added": ["notify"],
-        "removed": [],
-        "changed": [{"id": "deploy", "fields": ["run"]}],
-        "envelope": True,
+    changes = previous["changes"]
+    assert (changes["added"], changes["removed"]) == (["notify"], [])
+    [deploy] = changes["changed"]
+    assert {k: v for k, v in deploy.items() if k != "key"} == {
+        "id": "deploy",
+        "fields": ["run"],
+        "values": {
+            "run": {
+                "old": "mkdir -p deployed && cp dist/app.txt deployed/app.txt",
+                "new": "rsync -a dist/ prod:/srv/app/",
+            }
+        },
+        "because": [],
+        "cause": "declaration",
     }
+    assert changes["envelope"] == {
+        "old": {"capabilities": ["deploy:prod"], "flows": [], "budget": {}},
+        "new": {"capabilities": ["deploy:prod", "notify:ops"], "flows": [], "budget": {}},
+    }
+    # Who approved the card compared with.
+    assert (
+        previous["approval"]["state"] == "approved" and previous["approval"]["principal"] == "local/operator"
+    )
     # Another plan's approved cards are never "previous".
     assert card_view(control, first.plan_id)["previous"] is None
 
@@ -162,15 +182,16 @@ def test_a_node_request_of_a_parked_run_is_pending_with_its_node_until_decided(
     assert isinstance(receipt, Accepted) and receipt.run_id is not None
     [request] = pending_items(control)["requests"]
     asked = control.show(receipt.run_id).pending[0]
-    assert {k: v for k, v in request.items() if k != "requested_at"} == {
+    assert {k: v for k, v in request.items() if k != "requested_at_ms"} == {
         "run_id": receipt.run_id,
         "plan_id": card.plan_id,
         "request": "ship",
         "node": "deploy",
-        "digest": asked.digest,
+        "key": asked.digest,  # the gated node's key1_ plan key
         "envelope": {"capabilities": ["deploy:prod"], "flows": [], "budget": {}},
+        "approvers": ["local/operator (scopes once, remembered, run)"],
     }
-    assert type(request["requested_at"]) is int
+    assert type(request["requested_at_ms"]) is int and asked.digest.startswith("key1_")
     control.approve(NodeTarget(receipt.run_id, "ship", asked.digest, asked.envelope))
     assert pending_items(control)["requests"] == []
 
