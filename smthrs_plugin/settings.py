@@ -62,8 +62,9 @@ class CacheSettings(BaseSettings):
     its shared entries with; or ``cache_signing_key_block`` (``SMTHRS_CACHE_SIGNING_KEY_BLOCK``): a Prefect ``Secret``
     block (``secret/<name>`` or ``<name>``) holding that key (PEM or base64) — never both. ``cache_trusted_keys`` (``SMTHRS_CACHE_TRUSTED_KEYS``): comma-separated public keys
     (files, or inline base64/PEM) whose entries this machine serves. Neither set: a workspace key generated on
-    first use under ``<workspace>/.smthrs/keys/``, trusted only by itself. Only trusted keys set: this machine
-    reads the shared tier but never publishes to it. See :mod:`smthrs_plugin.cache.signing`.
+    first use under ``<workspace>/.smthrs/keys/``, trusted only by itself, which signs only the workspace's own
+    store (a shared tier elsewhere is read, never published to). Only trusted keys set: this machine reads the
+    shared tier but never publishes to it. See :mod:`smthrs_plugin.cache.signing`.
     ``cache_max_output_bytes`` / ``cache_max_step_bytes``: a sealed step whose one output, or whose outputs
     together, exceed them settles ``failed`` (``CacheError(output_too_large)``) before anything is published.
     ``cache_revocation_refresh_s``: how stale this process's view of revocations may be on a LOCAL hit (a shared
@@ -140,6 +141,31 @@ class Settings(CacheSettings):
     #: it, else ``process`` (said once in the log and on every build's journal record). A step's own
     #: ``isolation=`` wins.
     isolation: Isolation = "auto"
+    #: The review page a parked approval names in its Prefect state message, flow-run logs and artifact
+    #: (``SMTHRS_REVIEW_URL``, an ``http(s)://`` URL used as given); unset: ``<SMTHRS_SERVE_URL>/`` when that is set.
+    review_url: str | None = None
+    #: Who decides an approval submitted through Prefect's Resume form (``SMTHRS_PREFECT_UI_PRINCIPAL``, ``ID/KIND``,
+    #: judged by the approval authority like ``smthrs approve --as``). Unset: Prefect's Resume decides nothing.
+    prefect_ui_principal: str | None = None
+
+    @field_validator("review_url", "prefect_ui_principal", mode="before")
+    @classmethod
+    def _blank_text_is_unset(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("review_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith(("http://", "https://")) or any(c.isspace() for c in v)):
+            raise ValueError("must be an http(s):// URL (the address of the review page)")
+        return v
+
+    @field_validator("prefect_ui_principal")
+    @classmethod
+    def _id_slash_kind(cls, v: str | None) -> str | None:
+        if v is not None and "/" not in v.strip("/"):
+            raise ValueError("must be a principal ID/KIND, for example ci/reviewer")
+        return v
 
     @field_validator("artifacts_options", mode="before")
     @classmethod

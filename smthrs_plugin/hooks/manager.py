@@ -402,6 +402,16 @@ class _MergedWaker:
             last = outcome
         return last
 
+    def ended(self, run_id: str, journal: Journal) -> HostWake | None:
+        """Asked before a decision on a parked run: the first plugin waker's optional ``ended(run_id, journal)``
+        answer other than None (its host ended the run on its own side and settled it; facade ``_host_ended``)."""
+        for _plugin, waker in self.wakers:
+            ended = getattr(waker, "ended", None)
+            outcome = None if ended is None else ended(run_id, journal)
+            if outcome is not None:
+                return outcome  # type: ignore[no-any-return]  # a duck-typed plugin answer
+        return None
+
 
 # ------------------------------------------------------------------------------------------------ loading
 

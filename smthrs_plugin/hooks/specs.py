@@ -175,7 +175,12 @@ class SmthrsSpecs:
         ``smthrs serve``); it answers ``HostNotParked`` for a run that is not its host's. Merged across plugins:
         asked in priority order until one answers other than ``HostNotParked``. It must not raise for an
         unreachable host: answer ``HostWakeFailed`` with the cause (a raise is turned into one and logged). Not
-        ``firstresult``: whose host a run is is known only when it is woken, so every plugin's waker is kept."""
+        ``firstresult``: whose host a run is is known only when it is woken, so every plugin's waker is kept.
+
+        A waker may also offer ``waker.ended(run_id, journal) -> HostWake | None``, asked BEFORE a decision on a
+        parked run: a host that ended the run on its own side where no process could tell smthrs (the Prefect
+        plugin: a parked deployment flow run cancelled in Prefect's UI) settles the run and answers why; None
+        when its host has not ended it. The first answer other than None wins; the decision is then not made."""
 
     @hookspec
     def smthrs_runtime_defaults(self, settings: Settings) -> Mapping[str, Any] | None:

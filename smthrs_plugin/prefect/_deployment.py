@@ -15,11 +15,16 @@ runner (``flow.serve()``) or work-pool worker continues it — no ``smthrs worke
   one held by a live owner is ``FenceLost``.
 - Prefect is reached with THIS process's Prefect settings; without an API URL nothing is attempted and the waker
   answers :class:`HostWakeFailed`.
+- A parked flow run has no process: cancelled in Prefect (the UI moves *Paused*/*Scheduled* straight to
+  *Cancelled*), nothing tells smthrs. The next touch does: :func:`cancelled_in_prefect` before a decision, and
+  :func:`resume_parked` (``on_cancelled``) after one; the plugin then settles the run ``cancelled``
+  (``plugin.py``).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -40,6 +45,7 @@ __all__ = [
     "claim_run",
     "parked_state",
     "resume_parked",
+    "cancelled_in_prefect",
     "settled_signal",
 ]
 
@@ -112,11 +118,18 @@ def parked_state(signal: RunParked, message: str) -> Any:
     return Paused(reschedule=True, name=PARKED_STATE, message=message)
 
 
-def resume_parked(run_id: str, flow_run_id: str, deployment_id: str) -> HostWake:
+def resume_parked(
+    run_id: str,
+    flow_run_id: str,
+    deployment_id: str,
+    *,
+    on_cancelled: Callable[[str], HostWake] | None = None,
+) -> HostWake:
     """Resume the parked deployment flow run ``flow_run_id`` of smthrs run ``run_id`` through the Prefect API:
     ``HostWoken`` (Prefect made it Scheduled now), ``HostNotParked`` (it is not Paused — running again, scheduled
-    at its timer, finished), or ``HostWakeFailed`` with the cause (no API URL, the server unreachable)."""
-    where = f"flow run {flow_run_id} of deployment {deployment_id}"
+    at its timer, finished), or ``HostWakeFailed`` with the cause (no API URL, the server unreachable). A flow run
+    Prefect shows *Cancelled* answers ``on_cancelled(why)`` when given (it will never execute again)."""
+    where = _where(flow_run_id, deployment_id)
     try:
         from prefect.settings import get_current_settings
 
@@ -144,8 +157,36 @@ def resume_parked(run_id: str, flow_run_id: str, deployment_id: str) -> HostWake
             "Prefect UI once the server is reachable",
             exc,
         )
+    if on_cancelled is not None and state is not None and state.is_cancelled():
+        return on_cancelled(_cancelled_why(where, state))
     shown = "without a state" if state is None else f"{state.type.value} ({state.name!r})"
     return HostNotParked(run_id, HOST, f"{where} is {shown}, not paused: Prefect runs it without being asked")
+
+
+def cancelled_in_prefect(flow_run_id: str, deployment_id: str) -> str | None:
+    """Why the deployment flow run ``flow_run_id`` will never execute again — Prefect shows it *Cancelled* — or
+    ``None`` (any other state, or no Prefect API configured here: the caller's wake reports that). A Prefect API
+    that fails raises (the caller reports it)."""
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:
+        return None
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state: Any = client.read_flow_run(uuid.UUID(flow_run_id)).state
+    if state is None or not state.is_cancelled():
+        return None
+    return _cancelled_why(_where(flow_run_id, deployment_id), state)
+
+
+def _where(flow_run_id: str, deployment_id: str) -> str:
+    return f"flow run {flow_run_id} of deployment {deployment_id}"
+
+
+def _cancelled_why(where: str, state: Any) -> str:
+    said = f": {state.message}" if state.message else ""
+    return f"{where} was cancelled in Prefect ({state.type.value} {state.name!r}{said})"
 
 
 def settled_signal(flow_run_id: str, settled: Settled) -> BaseException:

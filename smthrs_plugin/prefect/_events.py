@@ -43,6 +43,7 @@ __all__ = [
     "APPROVAL_PREFIX",
     "REFUSED_DECISIONS",
     "SERVE_URL_ENV",
+    "REVIEW_URL_ENV",
     "SmthrsEvent",
     "run_resource_id",
     "step_resource_id",
@@ -83,6 +84,8 @@ APPROVAL_PREFIX = "smthrs.approval."
 REFUSED_DECISIONS = frozenset({"UnverifiableEvidence", "Unmeasurable", "StaleReadSet", "ReplayFailed"})
 #: Where a running ``smthrs serve`` is reachable (its review page is ``/`` of it), e.g. ``http://ci-review:8765``.
 SERVE_URL_ENV = "SMTHRS_SERVE_URL"
+#: The review page's own address (wins over ``SMTHRS_SERVE_URL``; ``Settings.review_url``).
+REVIEW_URL_ENV = "SMTHRS_REVIEW_URL"
 #: The runs' waiting reasons (``runs.waiting_reason``, ``smthrs show``) of each parked kind.
 _REASONS = {"timer": "timer", "event": "event", "approval": "waiting-approval"}
 #: Error lines are one line; a pathological one is cut so an event stays far below Prefect's size limit.
@@ -424,18 +427,25 @@ def approval_decided(
 
 
 def review_url() -> str | None:
-    """The review page of the ``smthrs serve`` named by ``SMTHRS_SERVE_URL`` (``<url>/``), or None when unset.
-    ``SettingsError(invalid_setting)`` for a value that is not an ``http(s)://`` URL."""
+    """The review page: ``SMTHRS_REVIEW_URL`` as given, else that of the ``smthrs serve`` named by
+    ``SMTHRS_SERVE_URL`` (``<url>/``), else None. ``SettingsError(invalid_setting)`` for a value that is not an
+    ``http(s)://`` URL."""
+    page = os.environ.get(REVIEW_URL_ENV, "").strip()
+    if page:
+        return _http(REVIEW_URL_ENV, page, "the address of the review page")
     raw = os.environ.get(SERVE_URL_ENV, "").strip()
     if not raw:
         return None
+    serve = _http(SERVE_URL_ENV, raw, "the address `smthrs serve` prints (e.g. http://127.0.0.1:8765)")
+    return serve.rstrip("/") + "/"
+
+
+def _http(name: str, raw: str, what: str) -> str:
     if not raw.startswith(("http://", "https://")) or any(c.isspace() for c in raw):
         raise SettingsError(
-            "invalid_setting",
-            f"{SERVE_URL_ENV}={raw!r} is not an http(s) URL; set it to the address `smthrs serve` prints "
-            "(e.g. http://127.0.0.1:8765) or unset it",
+            "invalid_setting", f"{name}={raw!r} is not an http(s) URL; set it to {what} or unset it"
         )
-    return raw.rstrip("/") + "/"
+    return raw
 
 
 def commands(run_id: str, *, request: str | None = None, event: str | None = None) -> dict[str, str]:

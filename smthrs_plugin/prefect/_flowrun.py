@@ -11,6 +11,12 @@ it, and what happens to both sides when it parks.
   proposes ``Completed``, before the proposal is sent (:func:`_conclude_before_prefect`).
 - Failed and cancelled endings are concluded by a state hook after Prefect set them (a crash by interruption
   releases the run; ``AwaitingRetry`` keeps it).
+- Cancelled from either side, ending ``cancelled`` on both: Prefect's ``Cancelling``/``Cancelled`` of a bound flow
+  run (read once per ``SMTHRS_HEARTBEAT_INTERVAL_S`` by one watcher thread per process, or the runner's cancel
+  intent at exit) is ``Control.cancel`` of its smthrs run, journaled once; a run cancelled in smthrs stops at the
+  body's next wait or step call, settles ``cancelled`` and its flow run is set ``Cancelled`` (never ``Crashed``).
+- A driver taking a run over shows the earlier flow run whose process died ``Crashed``; ``durable_run`` of a settled
+  run sets its last flow run's Prefect state to match (:func:`agree_with_prefect`).
 - Every flow run journals ``prefect-flow-run`` (id, flow, parameters, ``deployment_id``) once, when it binds.
 - Parking: the smthrs run is parked durably FIRST, then the flow run is set *Paused* (``Parked``) and the wait raises
   :class:`ParkedFlowRun` (both ``RunParked`` and Prefect's ``Pause``). A direct flow run whose parameters are not
@@ -36,14 +42,24 @@ from functools import partial
 from typing import Any
 
 from ..canonical import canonical_bytes
-from ..engine.context import RunContext, RunParked, RunReleased
-from ..engine.lease import RETRY_SUFFIX, DriveLost, FlowCompleted, FlowFailed, Refused, RunLease, acquire
+from ..control.identity import Principal
+from ..engine.context import RunCancelled, RunContext, RunParked, RunReleased
+from ..engine.lease import (
+    RETRY_SUFFIX,
+    DriveLost,
+    DriveSettled,
+    FlowCompleted,
+    FlowFailed,
+    Refused,
+    RunLease,
+    acquire,
+)
 from ..engine.waits.flow_waits import HostWakeFailed
 from ..errors import CanonicalError, FenceLost, WaitError
 from ..records.journal import Journal
 from ..runtime import Runtime
 from ..stores.database import Database
-from . import _events
+from . import _events, _resume_form
 from ._deployment import (
     PARKED_STATE,
     Settled,
@@ -68,6 +84,8 @@ __all__ = [
     "pause_flow_run",
     "recorded_parameters",
     "deployment_flow_run_of",
+    "PREFECT_PRINCIPAL",
+    "agree_with_prefect",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,6 +97,10 @@ _PARKED_STATE = PARKED_STATE
 FLOW_RESUME = "a worker that registers this flow resumes it: smthrs worker --flow MODULE:FLOW"
 #: How a parked flow run of a deployment comes back.
 DEPLOYMENT_RESUME = "Prefect runs this flow run of its deployment again (no smthrs worker needed)"
+#: The same, in a parked approval's (shorter) message.
+_DEPLOYMENT_THEN = "Prefect runs this flow run again"
+#: Who a cancellation made in Prefect (UI, API, a runner) is recorded as in the run's journal.
+PREFECT_PRINCIPAL = Principal("prefect", "flow-run")
 
 
 def flow_name(flow: Any) -> str:
@@ -170,8 +192,14 @@ def _bind_once(flow_run_id: str, frc: Any) -> _FlowRun:
     if isinstance(bound, Settled):
         raise settled_signal(flow_run_id, bound)
     fr, earlier = bound
+    if fr.active is not None:
+        _watch_cancellations(fr.runtime.settings.heartbeat_interval_s)
     for previous in earlier:
         _mark_resumed(previous, flow_run_id)
+    if fr.deployment_id is not None and fr.active is not None:
+        # Before the body reaches its gate: what Prefect's Resume submitted on this flow run's last parked
+        # approval is decided now (or said to decide nothing), so the gate reads the decision.
+        _resume_form.decide_from_resume(fr.runtime, flow_run_id, fr.ctx.run_id, _PARKED_STATE, _run_logger())
     return fr
 
 
@@ -187,7 +215,13 @@ def context_for_call() -> StepContext | None:
     """In a flow run's own process: that flow run's step context (its smthrs run is bound on first use). ``None``
     outside a flow run or in a detached (worker-side) context: the call runs standalone."""
     fr = _bound()
-    return None if fr is None else fr.ctx
+    if fr is None:
+        return None
+    if fr.run.interrupt_reason == "cancelled":
+        # A step call is a cancellation point too: a flow cancelled between two waits stops at its next step
+        # instead of running every remaining step first.
+        fr.run.raise_if_interrupted()
+    return fr.ctx
 
 
 def run_context() -> RunContext | None:
@@ -271,17 +305,16 @@ def _unbind(run_id: str) -> None:
 
 # -- the end of a direct flow run ------------------------------------------------------------------------------
 def _hook_flow(flow: Any) -> None:
-    """Append the settle hook to the flow's state hooks once (Prefect reads them when the final state is set)."""
-    if flow is None or getattr(flow, "_smthrs_hooked", False):
+    """Append the settle hook to each of the flow's ending hook lists unless it is there already (Prefect reads
+    them when the final state is set, one list per state). Judged by the lists, not by a mark on the flow:
+    ``flow.with_options`` (``flow_fn``, a deployment's runner) copies the lists, hook included, into a new flow
+    without the mark, and a second append ran the hook twice per flow run."""
+    if flow is None:
         return
     for attr in ("on_completion_hooks", "on_failure_hooks", "on_crashed_hooks", "on_cancellation_hooks"):
         hooks = getattr(flow, attr, None)
-        if isinstance(hooks, list):
+        if isinstance(hooks, list) and _settle_flow_run not in hooks:
             hooks.append(_settle_flow_run)
-    try:
-        flow._smthrs_hooked = True
-    except AttributeError:  # pragma: no cover - Flow objects accept attributes
-        pass
 
 
 def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
@@ -294,14 +327,21 @@ def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
     flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
     if fr.active is None:
         return
-    _conclude(fr, fr.active, state)
+    instead = _conclude(fr, fr.active, state)
+    if instead is not None:
+        _show_state(str(fr.ctx.flow_run_id), instead)
 
 
-def _conclude(fr: _FlowRun, active: RunLease, state: Any) -> None:
+def _conclude(fr: _FlowRun, active: RunLease, state: Any) -> Any:
+    """Conclude ``fr``'s run from Prefect's ``state``; answers the state Prefect should show instead (``Cancelled``
+    for a run that settled ``cancelled``), else ``None``."""
     summary = {"flow_run_id": fr.ctx.flow_run_id, "state": str(state.name)}
     data = getattr(state, "data", None)
     if state.is_completed():
         outcome = active.conclude(FlowCompleted(summary))
+        if isinstance(outcome, DriveSettled) and outcome.status == "cancelled":
+            # The cancellation won the race with the body's return (``RunStore.finish``): Prefect shows it too.
+            return _cancelled_state(fr.ctx.run_id)
         if isinstance(outcome, DriveLost):
             # Another owner took the run while this process stalled past its lease: that owner continues it.
             log.warning(
@@ -319,9 +359,30 @@ def _conclude(fr: _FlowRun, active: RunLease, state: Any) -> None:
         )
     elif state.is_crashed() and isinstance(data, BaseException) and not isinstance(data, Exception):
         # RunCancelled → cancelled; RunReleased, KeyboardInterrupt, SystemExit → released (never cancelled).
-        active.conclude(error=data)
+        outcome = active.conclude(error=data)
+        if isinstance(outcome, DriveSettled) and outcome.status == "cancelled":
+            # Prefect's engine calls any BaseException a crash; the run was cancelled, so the flow run is too.
+            _show_state(str(fr.ctx.flow_run_id), _cancelled_state(fr.ctx.run_id))
     else:
         active.conclude(FlowFailed({**summary, "message": str(state.message or "")}))
+    return None
+
+
+def _cancelled_state(run_id: str) -> Any:
+    from prefect.states import Cancelled
+
+    return Cancelled(message=f"smthrs run {run_id} was cancelled")
+
+
+def _show_state(flow_run_id: str, state: Any) -> None:
+    """Force ``state`` on the flow run: display only, so a failure is logged (the smthrs run settled already)."""
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(uuid.UUID(flow_run_id), state, force=True)
+    except Exception as exc:  # noqa: BLE001 - reported; the smthrs status is the durable truth
+        log.warning("could not show flow run %s %s in Prefect: %r", flow_run_id, state.type.value, exc)
 
 
 def _conclude_before_prefect(client: Any) -> None:
@@ -336,14 +397,14 @@ def _conclude_before_prefect(client: Any) -> None:
     if inspect.iscoroutinefunction(propose):  # an async flow's engine holds the async client
 
         async def set_flow_run_state_async(*args: Any, **kwargs: Any) -> Any:
-            _conclude_completed(*_proposal(args, kwargs))
+            args, kwargs = _instead(_conclude_completed(*_proposal(args, kwargs)), args, kwargs)
             return await propose(*args, **kwargs)
 
         wrapper = set_flow_run_state_async
     else:
 
         def set_flow_run_state(*args: Any, **kwargs: Any) -> Any:
-            _conclude_completed(*_proposal(args, kwargs))
+            args, kwargs = _instead(_conclude_completed(*_proposal(args, kwargs)), args, kwargs)
             return propose(*args, **kwargs)
 
         wrapper = set_flow_run_state
@@ -358,20 +419,31 @@ def _proposal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
     return flow_run_id, state
 
 
-def _conclude_completed(flow_run_id: Any, state: Any) -> None:
+def _instead(
+    state: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The proposal's arguments with ``state`` in place of the proposed one (unchanged when ``state`` is None)."""
+    if state is None:
+        return args, kwargs
+    if len(args) > 1:
+        return (args[0], state, *args[2:]), kwargs
+    return args, {**kwargs, "state": state}
+
+
+def _conclude_completed(flow_run_id: Any, state: Any) -> Any:
     """A ``Completed`` proposal for a bound direct or deployment flow run: conclude its smthrs run first. Taken out
     of the bindings before concluding, so the completion hook (and a proposal Prefect repeats after a WAIT) finds
     nothing left to do; an error propagates (see the module invariants)."""
     is_completed = getattr(state, "is_completed", None)
     if flow_run_id is None or is_completed is None or not is_completed():
-        return
+        return None
     with _FR_LOCK:
         fr = _FLOW_RUNS.get(str(flow_run_id))
         if fr is None or fr.active is None:  # not ours, parked already, or a driver's (the driver concludes)
-            return
+            return None
         del _FLOW_RUNS[str(flow_run_id)]
     flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
-    _conclude(fr, fr.active, state)
+    return _conclude(fr, fr.active, state)
 
 
 @atexit.register
@@ -379,15 +451,110 @@ def _release_all() -> None:
     with _FR_LOCK:
         leftovers = list(_FLOW_RUNS.values())
         _FLOW_RUNS.clear()
+    _stop_watching()
     flush_hits()
+    cancelled_by_runner = _runner_cancel_intent()
     for fr in leftovers:
         if fr.active is None:
             continue
         try:
+            if cancelled_by_runner:
+                # The runner SIGTERMed this flow run because it was cancelled in Prefect: so is its run.
+                _cancel_from_prefect(fr, "the runner's cancel intent")
+                fr.active.conclude(error=RunCancelled(fr.ctx.run_id))
+                continue
             # Released, never cancelled: claimable at once by any driver that registers the flow.
             fr.active.conclude(error=RunReleased(fr.ctx.run_id, "shutdown"))
         except Exception:  # the process is exiting: report, the lease lapses on its own
             log.exception("could not release smthrs run %s at exit", fr.ctx.run_id)
+
+
+def _runner_cancel_intent() -> bool:
+    """Did a Prefect runner deliver its ``cancel`` intent to this process (before the SIGTERM that ends it)? Read
+    from Prefect's control listener only when Prefect's engine was loaded (no flow run, no intent)."""
+    if "prefect.flow_engine" not in sys.modules:
+        return False
+    from prefect._internal.control_listener import get_intent
+
+    return get_intent() == "cancel"
+
+
+# -- cancellation from Prefect -------------------------------------------------------------------------------
+_WATCH_LOCK = threading.Lock()
+_WATCH_STOP = threading.Event()
+_WATCHER: threading.Thread | None = None
+_CANCEL_SEEN: set[str] = set()  # flow run ids whose cancellation was recorded: journaled once
+
+
+def _watch_cancellations(interval_s: float) -> None:
+    """Make sure the process's one watcher thread runs: it reads the Prefect state of every bound flow run this
+    process holds the run of, every ``interval_s``, and cancels the run of one shown Cancelling or Cancelled. It
+    ends once nothing is bound (a later binding starts it again)."""
+    global _WATCHER
+    with _WATCH_LOCK:
+        if _WATCHER is not None and _WATCHER.is_alive():
+            return
+        _WATCH_STOP.clear()
+        _WATCHER = threading.Thread(
+            target=_watch_loop, args=(interval_s,), name="smthrs-prefect-cancel-watch", daemon=True
+        )
+        _WATCHER.start()
+
+
+def _stop_watching() -> None:
+    _WATCH_STOP.set()
+
+
+def _watched() -> dict[str, _FlowRun]:
+    with _FR_LOCK:
+        return {k: fr for k, fr in _FLOW_RUNS.items() if fr.active is not None and k not in _CANCEL_SEEN}
+
+
+def _watch_loop(interval_s: float) -> None:
+    global _WATCHER
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        while not _WATCH_STOP.is_set():
+            watched = _watched()
+            if not watched:
+                with _WATCH_LOCK:
+                    if not _watched():  # a binding racing this exit finds the thread gone and starts one
+                        _WATCHER = None
+                        return
+                continue
+            try:
+                flow_runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(k) for k in watched]))
+                )
+                for flow_run in flow_runs:
+                    state = flow_run.state
+                    fr = watched.get(str(flow_run.id))
+                    if (
+                        fr is not None
+                        and state is not None
+                        and (state.is_cancelling() or state.is_cancelled())
+                    ):
+                        _cancel_from_prefect(fr, f"Prefect shows it {state.type.value}")
+            except Exception as exc:  # noqa: BLE001 - reported; read again at the next tick
+                log.warning(
+                    "could not read the Prefect state of this process's flow runs: %r", exc, exc_info=exc
+                )
+            _WATCH_STOP.wait(interval_s)
+
+
+def _cancel_from_prefect(fr: _FlowRun, why: str) -> None:
+    """Record the cancellation of ``fr``'s run that Prefect asked for (once per flow run): the lease interrupts the
+    body now, and it stops at its next wait or step call."""
+    flow_run_id = str(fr.ctx.flow_run_id)
+    with _FR_LOCK:
+        if flow_run_id in _CANCEL_SEEN:
+            return
+        _CANCEL_SEEN.add(flow_run_id)
+    reason = f"flow run {flow_run_id} was cancelled in Prefect ({why})"
+    receipt = fr.runtime.control().cancel(fr.ctx.run_id, principal=PREFECT_PRINCIPAL, reason=reason)
+    log.info("smthrs run %s: %s: %s", fr.ctx.run_id, reason, type(receipt).__name__)
 
 
 # -- parking ---------------------------------------------------------------------------------------------------
@@ -429,8 +596,21 @@ def _park_direct(flow_run_id: str, signal: RunParked) -> RunParked:
 def _park_deployment_flow_run(fr: _FlowRun, flow_run_id: str, signal: RunParked) -> RunParked:
     """Tell Prefect how to continue a deployment's flow run parked on ``signal`` (``_deployment.py``), then look
     at the wait once more: answered between the durable park and now, nobody else would resume the flow run."""
-    state = parked_state(signal, _describe(signal, DEPLOYMENT_RESUME))
-    out = _tell_prefect(signal, state)
+    if signal.kind == "approval":
+        pending = [
+            t for t in fr.runtime.control().pending_requests(fr.ctx.run_id) if t.request_id == signal.name
+        ]
+        offer = _resume_form.approval_offer(
+            signal,
+            deployment=True,
+            principal=_resume_form.ui_principal(fr.runtime.settings),
+            digest=pending[0].digest if pending else None,
+            then=_DEPLOYMENT_THEN,
+            state_name=_PARKED_STATE,
+        )
+        out = _tell_prefect_offer(signal, flow_run_id, offer)
+    else:
+        out = _tell_prefect(signal, parked_state(signal, _describe(signal, DEPLOYMENT_RESUME)))
     if out is signal or signal.kind == "timer":
         return out  # not told (logged), or Scheduled at the deadline: Prefect comes back on its own
     if _answered(fr, signal):
@@ -469,13 +649,51 @@ def pause_flow_run(signal: RunParked, resume: str = FLOW_RESUME) -> RunParked:
     ``resume``, how it comes back) and return the signal to raise: a :class:`ParkedFlowRun` carrying that state.
     If Prefect cannot be told (API down), the plain signal is returned and the reason logged: the durable park
     does not depend on Prefect's display."""
-    if _prefect_flow_run() is None:
+    frc = _prefect_flow_run()
+    if frc is None:
         return signal
+    if signal.kind == "approval":
+        offer = _resume_form.approval_offer(
+            signal, deployment=False, principal=None, digest=None, then=resume, state_name=_PARKED_STATE
+        )
+        return _tell_prefect_offer(signal, str(frc.flow_run.id), offer)
     from prefect.states import Paused
 
     return _tell_prefect(
         signal, Paused(reschedule=False, name=_PARKED_STATE, message=_describe(signal, resume))
     )
+
+
+def _tell_prefect_offer(signal: RunParked, flow_run_id: str, offer: _resume_form.Offer) -> RunParked:
+    """Show a flow run parked on an approval: its Resume form's inputs stored first (a state whose form cannot be
+    loaded would refuse every resume, smthrs's own wake included — so without them the state goes without a
+    form, said in the log), the state set, and the message logged on the flow run."""
+    try:
+        _resume_form.publish(flow_run_id, offer)
+    except Exception as exc:  # noqa: BLE001 - reported; the park is durable, the form is display
+        log.warning(
+            "smthrs run %s is parked, but its Resume form could not be stored on flow run %s (%r): the flow run "
+            "shows no form; decide with smthrs approve / smthrs deny",
+            signal.run_id,
+            flow_run_id,
+            exc,
+            exc_info=exc,
+        )
+        offer.state.state_details.run_input_keyset = None
+    out = _tell_prefect(signal, offer.state)
+    _run_logger().info("parked: %s", offer.message)
+    return out
+
+
+def _run_logger() -> Any:
+    """The current flow (or task) run's Prefect logger — what the flow run's log shows — else this module's."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
 
 
 def _tell_prefect(signal: RunParked, state: Any) -> RunParked:
@@ -520,24 +738,62 @@ def _flow_runs_of(journal: Journal, run_id: str) -> list[str]:
 def _mark_resumed(previous: str, current: str) -> None:
     """An earlier incarnation still shown Paused (``Parked``) is done: show it Completed (``Resumed``), naming the
     flow run that continues it. So is a deployment's flow run waiting in ``Scheduled`` (its timer, or resumed):
-    Prefect would otherwise execute it again beside the driver. Display only, like the pause itself: a failure is
-    logged, never raised (fencing keeps a second execution from writing to the run)."""
+    Prefect would otherwise execute it again beside the driver. One still shown Running or Pending lost the run
+    (the driver took it over on liveness evidence: its process died): show it Crashed. Display only, like the pause
+    itself: a failure is logged, never raised (fencing keeps a second execution from writing to the run)."""
     try:
         from prefect.client.orchestration import get_client
-        from prefect.states import Completed
+        from prefect.states import Completed, Crashed
 
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(uuid.UUID(previous)).state
-            parked = state is not None and state.is_paused() and state.name == _PARKED_STATE
-            if state is None or not (parked or state.is_scheduled()):
+            if state is None:
                 return
-            client.set_flow_run_state(
-                uuid.UUID(previous),
-                Completed(name="Resumed", message=f"parked here; continued by flow run {current}"),
-                force=True,
-            )
+            parked = state.is_paused() and state.name == _PARKED_STATE
+            if parked or state.is_scheduled():
+                shown: Any = Completed(
+                    name="Resumed", message=f"parked here; continued by flow run {current}"
+                )
+            elif state.is_running() or state.is_pending():
+                shown = Crashed(
+                    message=f"its process stopped; its smthrs run was taken over by flow run {current}"
+                )
+            else:
+                return
+            client.set_flow_run_state(uuid.UUID(previous), shown, force=True)
     except Exception as exc:  # noqa: BLE001 - reported; the smthrs run's state does not depend on it
         log.warning("could not show flow run %s as resumed in Prefect: %r", previous, exc)
+
+
+def agree_with_prefect(journal: Journal, run_id: str, status: str) -> str | None:
+    """Show the settled ``status`` of ``run_id`` on the flow run recorded last for it when Prefect still shows that
+    flow run unfinished (its process died between the smthrs settlement and Prefect's, or before Prefect heard):
+    ``completed`` → Completed, ``failed`` → Failed, ``cancelled`` → Cancelled. Answers the flow run id it set, else
+    ``None`` (nothing recorded, already final, or Prefect unreachable: logged)."""
+    states = {"completed": "Completed", "failed": "Failed", "cancelled": "Cancelled"}
+    if status not in states:
+        return None
+    latest: str | None = None
+    for record in _records(journal, run_id):
+        latest = str(record["flow_run_id"]) if "flow_run_id" in record else latest
+    if latest is None:
+        return None
+    import prefect.states
+
+    message = f"smthrs run {run_id} settled {status} (shown after the flow run's process stopped)"
+    shown: Any = getattr(prefect.states, states[status])(message=message)
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(uuid.UUID(latest)).state
+            if state is not None and state.is_final():
+                return None
+            client.set_flow_run_state(uuid.UUID(latest), shown, force=True)
+    except Exception as exc:  # noqa: BLE001 - reported; the smthrs status is the durable truth
+        log.warning("could not show flow run %s %s in Prefect: %r", latest, status, exc)
+        return None
+    return latest
 
 
 def _describe(signal: RunParked, resume: str) -> str:

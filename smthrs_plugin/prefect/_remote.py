@@ -12,6 +12,13 @@ sandbox before the usual diff, copy-back, settlement and publication.
 - A missing input is ``RemoteError(input_unavailable)``: every input blob is replaced and the body submitted once
   more; a second failure is the node's typed failure.
 - A worker that dies mid-body is the task runner's to retry; if it gives up, the attempt settles ``failed``, fenced.
+- Cancellation (Dask): when the pass's cancel token fires (``NodeInput.cancel``: a sibling's typed failure, an
+  interrupt), the coordinator cancels the body's Dask future and stops waiting: the node fails
+  :class:`RemoteInterrupted`, like a ``run:`` command killed by the same interrupt (the scheduler has already
+  marked the attempt ``failed``), and the seam removes its sandbox. On the worker the cancelled task's body sees
+  a token that fires (``NodeInput.cancel``, so a plan-file command's process group is killed there too); a body
+  that ignores it runs to its end, its outcome dropped, and its tree is removed then. Other task runners' bodies
+  are not interrupted: the pass waits for them.
 - Where bodies run: :func:`execution_for` (the flow's task runner and ``SMTHRS_EXECUTION``,
   ``PrefectHost(execution=...)``, ``step_settings(execution=...)``).
 """
@@ -26,6 +33,7 @@ import os
 import tempfile
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +43,7 @@ from ..boundary.fsops import rmtree_force
 from ..boundary.transfer import Delta, Manifest, apply_delta, delta_of, hydrate, manifest_of, upload
 from ..engine.context import waits_forbidden
 from ..errors import RemoteError, SettingsError
-from ..scheduler.cancel import NEVER_CANCELLED
+from ..scheduler.cancel import NEVER_CANCELLED, CancelToken
 from ..scheduler.model import NodeInput
 from ..settings import Execution
 from ..stores.artifacts import ArtifactStore
@@ -50,6 +58,7 @@ __all__ = [
     "execution_for",
     "RemoteTarget",
     "RemoteExecutor",
+    "RemoteInterrupted",
     "StepBody",
     "coordinator_runner",
     "dask_client",
@@ -63,6 +72,23 @@ log = logging.getLogger(__name__)
 #: Threads of the coordinator-side runner: each holds one remote body's seam while the body runs elsewhere, so
 #: this bounds how many bodies one process has in flight (plans are capped lower by their ``steps`` cap).
 _COORDINATOR_THREADS = 64
+#: The Dask key prefix of every shipped body: the worker-side cancel plugin acts on these keys only.
+_KEY_PREFIX = "smthrs-body-"
+
+
+class RemoteInterrupted(Exception):
+    """A remote body was cancelled on its cluster because its scheduler pass was interrupted (the node's failure
+    outcome, as :class:`~smthrs_plugin.scheduler.planfile.CommandInterrupted` is for a ``run:`` command)."""
+
+    def __init__(self, label: str, reason: str | None) -> None:
+        super().__init__(
+            f"the remote body {label!r} was cancelled: the scheduler pass was interrupted ({reason})"
+        )
+        self.label = label
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteInterrupted, (self.label, self.reason))
 
 
 def execution_for(runner: Any, choice: str) -> ExecutionMode:
@@ -162,17 +188,29 @@ def _run_body(box: _Box, label: str) -> _Returned:
     return _run_shipment(box.shipment, label)
 
 
-def _run_pickled_body(blob: bytes, label: str) -> _Returned:
-    """The function of a body shipped as a plain Dask task: the shipment was cloudpickled by the coordinator."""
+def _run_pickled_body(blob: bytes, label: str, key: str | None = None) -> _Returned:
+    """The function of a body shipped as a plain Dask task: the shipment was cloudpickled by the coordinator.
+    ``key``: the task's own Dask key, whose cancellation fires the body's token (:class:`_CancelPlugin`)."""
     import cloudpickle
 
     shipment: _Shipment = cloudpickle.loads(blob)
-    return _run_shipment(shipment, label)
+    if key is None:
+        return _run_shipment(shipment, label)
+    try:
+        return _run_shipment(shipment, label, _worker_token(key, label))
+    finally:
+        with _WORKER_LOCK:
+            _WORKER_TOKENS.pop(key, None)
 
 
-def _run_shipment(s: _Shipment, label: str) -> _Returned:
+#: The cancel token of the body running on this thread (a node body's ``NodeInput.cancel`` on the worker).
+_BODY_CANCEL: contextvars.ContextVar[CancelToken] = contextvars.ContextVar("smthrs_body_cancel")
+
+
+def _run_shipment(s: _Shipment, label: str, cancel: CancelToken = NEVER_CANCELLED) -> _Returned:
     """Hydrate a private tree from the store, run the body there, return its value with its delta."""
     parent = Path(tempfile.mkdtemp(prefix="smthrs-remote-"))
+    reset = _BODY_CANCEL.set(cancel)
     try:
         root = parent / "root"
         root.mkdir()
@@ -181,12 +219,85 @@ def _run_shipment(s: _Shipment, label: str) -> _Returned:
             value = s.call(root)
         return _Returned(value, delta_of(root, s.manifest, s.store))
     finally:
+        _BODY_CANCEL.reset(reset)
         try:
             rmtree_force(parent)
         except (
             OSError
         ):  # a leftover temp tree is the worker's disk concern; the body's outcome is what matters
             log.warning("could not remove the remote body's temporary tree %s", parent, exc_info=True)
+
+
+# -- cancellation on a Dask worker -------------------------------------------------------------------------------
+#: Per worker process: the token of each shipped body this worker executes, by Dask key. Created when the task
+#: starts executing (before the body runs, so a cancel racing the start is not missed), fired when the scheduler
+#: releases the executing task (the coordinator cancelled its future), dropped when the body returns.
+_WORKER_TOKENS: dict[str, CancelToken] = {}
+_WORKER_LOCK = threading.Lock()
+
+
+def _worker_token(key: str, label: str) -> CancelToken:
+    with _WORKER_LOCK:
+        token = _WORKER_TOKENS.get(key)
+        if token is None:
+            # Only without the plugin on this worker (a worker that joined while it was being registered): the body
+            # runs, but a cancel of its pass no longer reaches it, and the coordinator does not wait for it.
+            log.warning("the remote body %r runs without the smthrs cancel plugin on this worker", label)
+            token = _WORKER_TOKENS[key] = CancelToken()
+        return token
+
+
+def _on_transition(key: Any, start: str, finish: str) -> None:
+    """The worker's task transitions (on its event loop): make and fire the tokens of shipped bodies."""
+    if not isinstance(key, str) or not key.startswith(_KEY_PREFIX):
+        return
+    if finish == "executing":
+        with _WORKER_LOCK:
+            _WORKER_TOKENS.setdefault(key, CancelToken())
+        return
+    if start == "executing" and finish in ("released", "cancelled", "forgotten"):
+        with _WORKER_LOCK:
+            token = _WORKER_TOKENS.get(key)
+        if token is not None:
+            # Fired on the event loop: callbacks are short (kill a process group), the body reacts on its thread.
+            token.cancel("its Dask task was cancelled by the coordinator")
+
+
+_PLUGIN_NAME = "smthrs-remote-cancel"
+_PLUGIN_CLASS: list[type] = []
+
+
+def _cancel_plugin() -> Any:
+    """The worker plugin firing body tokens (built on first use: ``distributed`` is imported only with Dask). It
+    pickles as a call of this function, so a worker builds the class from its own ``smthrs_plugin``."""
+    if not _PLUGIN_CLASS:
+        from distributed.diagnostics.plugin import WorkerPlugin
+
+        class _CancelPlugin(WorkerPlugin):  # type: ignore[misc]  # distributed is untyped here
+            idempotent = True  # registered by every coordinator: the first registration stays
+
+            def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+                _on_transition(key, start, finish)
+
+            def __reduce__(self) -> tuple[Any, ...]:
+                return (_cancel_plugin, ())
+
+        _PLUGIN_CLASS.append(_CancelPlugin)
+    return _PLUGIN_CLASS[0]()
+
+
+#: Clients whose cluster has the plugin (weak: a closed client is forgotten; a new one registers again).
+_PLUGGED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _ensure_cancel_plugin(client: Any) -> None:
+    """Register the cancel plugin with ``client``'s cluster once per client (idempotent on the cluster too)."""
+    with _LOCAL_LOCK:
+        if _PLUGGED.get(id(client)) is client:
+            return
+    client.register_plugin(_cancel_plugin(), name=_PLUGIN_NAME)
+    with _LOCAL_LOCK:
+        _PLUGGED[id(client)] = client
 
 
 _TASK: dict[str, Task[Any, Any]] = {}
@@ -233,14 +344,19 @@ class RemoteTarget:
             )
         return cls(runner, store)
 
-    def run(self, label: str, call: Callable[[Path], Any], root: Path) -> Any:
+    def run(
+        self, label: str, call: Callable[[Path], Any], root: Path, cancel: CancelToken = NEVER_CANCELLED
+    ) -> Any:
         """Run ``call(tree)`` on a worker, ``tree`` built from ``root``'s content; make ``root`` what the worker's
-        tree became; return the body's value (or raise the body's own exception)."""
+        tree became; return the body's value (or raise the body's own exception). ``cancel`` firing cancels the
+        body's task on a Dask cluster and raises :class:`RemoteInterrupted` (module invariants)."""
         manifest = manifest_of(root)
         upload(root, manifest, self.store)
         shipment = _Shipment(call, manifest, self.store)
         for attempt in (1, 2):
-            out = self._submit(shipment, label)
+            if cancel.cancelled:  # interrupted before (another) submission: nothing is shipped
+                raise RemoteInterrupted(label, cancel.reason)
+            out = self._submit(shipment, label, cancel)
             if isinstance(out, _Returned):
                 apply_delta(out.delta, self.store, root)
                 return out.value
@@ -255,10 +371,10 @@ class RemoteTarget:
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _submit(self, shipment: _Shipment, label: str) -> Any:
+    def _submit(self, shipment: _Shipment, label: str, cancel: CancelToken) -> Any:
         client = dask_client(self.runner)
         if client is not None:
-            return _on_dask(client, shipment, label)
+            return _on_dask(client, shipment, label, cancel)
         future = contextvars.copy_context().run(self._submit_outside_task, shipment, label)
         future.wait()
         state = future.state
@@ -291,22 +407,38 @@ def dask_client(runner: Any) -> Any:
     return runner.client if isinstance(runner, DaskTaskRunner) else None  # connects on first use
 
 
-def _on_dask(client: Any, shipment: _Shipment, label: str) -> Any:
+def _on_dask(client: Any, shipment: _Shipment, label: str, cancel: CancelToken = NEVER_CANCELLED) -> Any:
     """Run the body as a plain task of the Dask runner's own cluster: no Prefect task run of its own (the node's
     or step's task run on the coordinator is the one Prefect shows), so neither Prefect's context serialisation
     nor Dask's argument tokenizing (``pure=False``) nor a second task engine is paid per body. Dask still
-    reschedules a body whose worker died. Returns the body's outcome or its exception."""
+    reschedules a body whose worker died. ``cancel`` firing cancels the task (module invariants). Returns the
+    body's outcome or its exception."""
+    from concurrent.futures import CancelledError
+
     import cloudpickle
     from distributed import KilledWorker
 
-    key = f"smthrs-body-{uuid.uuid4().hex}"
+    _ensure_cancel_plugin(client)
+    key = f"{_KEY_PREFIX}{uuid.uuid4().hex}"
     # Pickled here, by cloudpickle, as Prefect's runner pickles a task: a body or an executor defined in a script
     # (or a module registered by value) travels by value. Dask would try plain pickle first, by reference, and
     # its scheduler would then fail to import the user's module. Bytes also spare the scheduler unpickling it.
     blob = cloudpickle.dumps(shipment)
-    future = client.submit(_run_pickled_body, blob, label, pure=False, key=key)
+    future = client.submit(_run_pickled_body, blob, label, key, pure=False, key=key)
     try:
-        return future.result()
+        # The callback runs on the canceller's thread (the coordinator's abort): the scheduler forgets the task,
+        # its worker fires the body's token, and this wait ends at once with CancelledError.
+        with cancel.on_cancel(lambda: future.cancel(reason="smthrs: the scheduler pass was interrupted")):
+            return future.result()
+    except CancelledError as exc:
+        if cancel.cancelled:
+            return RemoteInterrupted(label, cancel.reason)
+        return RemoteError(
+            "worker_failed",
+            f"the remote body {label!r} was cancelled on the Dask cluster by someone else ({exc}); run the node "
+            "again",
+            cause=exc,
+        )
     except KilledWorker as exc:
         return RemoteError(
             "worker_failed",
@@ -325,7 +457,8 @@ class _NodeBody:
     ni: NodeInput
 
     def __call__(self, root: Path) -> Any:
-        return self.executor(replace(self.ni, root=root))
+        # The worker-side token of this body's task (never cancelled outside a Dask worker).
+        return self.executor(replace(self.ni, root=root, cancel=_BODY_CANCEL.get(NEVER_CANCELLED)))
 
 
 class RemoteExecutor:
@@ -336,10 +469,10 @@ class RemoteExecutor:
         self.target = target
 
     def __call__(self, ni: NodeInput) -> Any:
-        # The pass's cancellation token stays here (a fresh one would never fire there); the worker's body
-        # sees a token that is never cancelled, as in any out-of-process runner.
+        # The pass's cancellation token stays here (it cannot travel): firing it cancels the body's task, and on
+        # a Dask worker the body gets that task's own token instead (module invariants).
         shipped = _NodeBody(self.inner, replace(ni, root=Path("."), cancel=NEVER_CANCELLED))
-        return self.target.run(f"{ni.node.id} #{ni.attempt} · remote", shipped, ni.root)
+        return self.target.run(f"{ni.node.id} #{ni.attempt} · remote", shipped, ni.root, ni.cancel)
 
     def __reduce__(self) -> tuple[Any, ...]:
         raise TypeError("a RemoteExecutor runs on the coordinator; only its body is shipped")

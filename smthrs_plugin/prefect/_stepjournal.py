@@ -8,6 +8,9 @@ Invariants
   transaction — at most :data:`FLUSH_INTERVAL_S` later, and always before the run is settled (the flow-run hook
   and the standalone run flush first) or the process exits. This keeps a cache hit free of a synchronous
   ``fsync``-bound write; a crash can lose the hit records of the last interval, never a state change.
+- A ``built`` record carries ``execute_ms``, how long the body ran (no key folds it): what a later hit of the
+  same dispatch key reports as the time it saved (:func:`build_ms`, read back through the served entry's
+  provenance run, once per run and process).
 - Worker processes (process pools, Dask) do not own the run: their records are written synchronously, since the
   owner may settle the run as soon as the futures resolve.
 """
@@ -27,7 +30,7 @@ from ..errors import FenceLost
 from ..records.runs import OwnerId, assert_owner
 from ..runtime import Runtime
 
-__all__ = ["record_settled", "flush_hits", "FLUSH_INTERVAL_S", "EVENT_TYPE"]
+__all__ = ["record_settled", "flush_hits", "FLUSH_INTERVAL_S", "EVENT_TYPE", "remember_build", "build_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +103,71 @@ def _loop() -> None:
 
 
 atexit.register(flush_hits)
+
+
+# -- what a hit saved -------------------------------------------------------------------------------------------
+
+#: Bounds of the per-process memo of build durations (dispatch key -> ms) and of the runs read into it.
+_MAX_BUILDS = 10_000
+_MAX_RUNS = 1_000
+_built_ms: dict[str, float] = {}
+_runs_read: dict[str, None] = {}
+_memo_lock = threading.Lock()
+
+
+def remember_build(key: str, ms: float) -> None:
+    """Remember that a build of dispatch key ``key`` ran its body for ``ms`` milliseconds (this process)."""
+    with _memo_lock:
+        _built_ms.pop(key, None)
+        if len(_built_ms) >= _MAX_BUILDS:
+            _built_ms.pop(next(iter(_built_ms)))
+        _built_ms[key] = ms
+
+
+def build_ms(rt: Runtime, key: str) -> float | None:
+    """How long the body whose result a hit of ``key`` served ran (``execute_ms`` of its ``built`` record; the
+    whole dispatch's ``ms`` for a record written before that was recorded); None when this database has no
+    record of that build (an entry published by another machine)."""
+    with _memo_lock:
+        if key in _built_ms:
+            return _built_ms[key]
+    run_id = _entry_run(rt, key)
+    if run_id is None or run_id in _runs_read:
+        return None
+    found: dict[str, float] = {}
+    after: int | None = None
+    while True:
+        page = rt.journal.read(run_id, after_seq=after, limit=500)
+        for e in page:
+            p = e.payload
+            if e.type == EVENT_TYPE and isinstance(p, dict) and p.get("outcome") == "built":
+                ms = p.get("execute_ms", p.get("ms"))
+                if isinstance(ms, (int, float)) and isinstance(p.get("dispatch_key"), str):
+                    found[p["dispatch_key"]] = float(ms)
+        if len(page) < 500:
+            break
+        after = page[-1].seq
+    with _memo_lock:
+        if len(_runs_read) >= _MAX_RUNS:
+            _runs_read.pop(next(iter(_runs_read)))
+        _runs_read[run_id] = None
+    for k, ms in found.items():
+        remember_build(k, ms)
+    return found.get(key)
+
+
+def _entry_run(rt: Runtime, key: str) -> str | None:
+    """The run that built the local entry of ``key`` (its provenance), or None."""
+    from ..cache.local import LocalHit
+
+    local = rt.dispatcher.local
+    remembered = local.recall(key, local.change_token())
+    if remembered is not None:
+        entry = remembered.entry
+    else:
+        hit = local.lookup(key)
+        if not isinstance(hit, LocalHit):
+            return None
+        entry = hit.entry
+    run_id = entry.provenance.get("run_id")
+    return run_id if isinstance(run_id, str) else None

@@ -2,8 +2,10 @@
 
 Invariants
 - Wherever smthrs starts Prefect (``smthrs run --prefect``, :func:`~.prefect.share_prefect_api`, every flow run
-  entered through :func:`~.prefect.quiet_flow_settings`, the examples, the benchmarks, the test sessions), the
-  ephemeral server is given :data:`DEFAULT_STARTUP_TIMEOUT_S` (180 s) to become healthy. Prefect's own default
+  entered through :func:`~.prefect.quiet_flow_settings`, the examples, the benchmarks, the test sessions), and in
+  every process that defines an ``@sp.step`` (:func:`give_ephemeral_server_time`: a flow author's own ``@flow``
+  starts the server before smthrs is called), the ephemeral server is given :data:`DEFAULT_STARTUP_TIMEOUT_S`
+  (180 s) to become healthy. Prefect's own default
   (20 s) is shorter than a first start on a fresh, busy 2-core machine.
 - An explicit user setting always wins: the environment variable :data:`STARTUP_TIMEOUT_SETTING`, or any value other
   than Prefect's own default set in a Prefect profile, ``prefect.toml`` or an enclosing ``temporary_settings``.
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT_S",
     "startup_timeout_updates",
     "startup_timeout_s",
+    "give_ephemeral_server_time",
     "is_startup_timeout",
     "startup_timeout_error",
     "translated_startup_timeout",
@@ -66,6 +69,23 @@ def startup_timeout_updates() -> dict[Any, int]:
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     return {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: DEFAULT_STARTUP_TIMEOUT_S}
+
+
+def give_ephemeral_server_time() -> bool:
+    """Give Prefect's ephemeral server :data:`DEFAULT_STARTUP_TIMEOUT_S` in this process (and its children) unless
+    the user chose a budget; True when it changed anything.
+
+    A flow author's own ``@flow`` starts the ephemeral server before any smthrs code runs, with the settings Prefect
+    read at import: the budget goes into the environment (children inherit it) and Prefect's root settings are
+    rebuilt from it (``refresh_global_settings_context``, Prefect's own way to pick up a variable set after import).
+    """
+    if not startup_timeout_updates():
+        return False
+    os.environ[STARTUP_TIMEOUT_SETTING] = str(DEFAULT_STARTUP_TIMEOUT_S)
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()
+    return True
 
 
 def is_startup_timeout(exc: BaseException) -> bool:

@@ -32,12 +32,13 @@ from typing import Any
 
 from ..canonical import canonical_bytes
 from ..engine.context import RunContext
-from ..engine.drive.active_run import DriveOutcome, FlowCompleted
+from ..engine.drive.active_run import DriveNotClaimed, DriveOutcome, FlowCompleted
 from ..engine.drive.driver import FlowFn
+from ..engine.ownership.arbiter import Terminal
 from ..errors import CanonicalError, WaitError
 from ..records.journal import Journal
 from ..records.runs import RunStore
-from ._flowrun import bind_flow_run, driving, flow_name, recorded_parameters
+from ._flowrun import agree_with_prefect, bind_flow_run, driving, flow_name, recorded_parameters
 from .environment import translated_startup_timeout
 from .steprun import current_spec, step_settings
 
@@ -154,7 +155,9 @@ def durable_run(
     approval — the process may exit; calling again continues it), ``DriveReleased``, or ``DriveNotClaimed`` (a
     live process is driving it). The first call creates the run; later calls with the same id resume it with the
     parameters it started with (see :func:`resolve_parameters` for what is refused, before anything is written).
-    Uses the runtime of ``sp.step_settings`` / ``SMTHRS_*``; ``budget_s`` overrides ``SMTHRS_WAIT_BUDGET_S``."""
+    Uses the runtime of ``sp.step_settings`` / ``SMTHRS_*``; ``budget_s`` overrides ``SMTHRS_WAIT_BUDGET_S``. A call
+    for a settled run also sets the Prefect flow run recorded last for it to the matching final state when Prefect
+    still shows it unfinished (the process died between the two settlements)."""
     if not is_prefect_flow(flow):
         raise WaitError("invalid_wait", f"durable_run takes a Prefect @flow, not {flow!r}")
     rt = current_spec().open()
@@ -166,7 +169,12 @@ def durable_run(
     driver.register(name, flow_fn(flow, params))
     if rt.runs.get(run_id) is None:
         driver.submit(run_id, name)
-    return driver.drive(run_id)
+    outcome = driver.drive(run_id)
+    if isinstance(outcome, DriveNotClaimed) and isinstance(outcome.decision, Terminal):
+        # A retry of a settled run: its flow run may still show Running (the process died after the smthrs
+        # settlement, before Prefect's) — show the settled status there, so both sides agree.
+        agree_with_prefect(rt.journal, run_id, outcome.decision.status)
+    return outcome
 
 
 def _canon(parameters: Mapping[str, Any]) -> bytes:

@@ -98,7 +98,11 @@ def _run_node(box: _JobBox, node: str, attempt: int) -> Any:
     outcome: JobOutcome = box.job.run()
     r = outcome.result
     if r.outcome == "clean":
-        return Completed(name="Cached", message=f"smthrs: verified cache hit {r.key}", data=outcome)
+        tier = getattr(r.decision, "tier", None) or "unknown"
+        # The time a node hit saved is in the run's Report artifact (its durations), not read here per node.
+        return Completed(
+            name="Cached", message=f"smthrs: verified cache hit {r.key}; {tier} tier", data=outcome
+        )
     if r.outcome == "failed":
         name = "Conflict" if is_conflict(r.error) else "Failed"
         return Failed(name=name, message=error_line(r.error) or "node failed", data=outcome)
@@ -421,7 +425,7 @@ def run_plan_in_flow(
             # Crashed. The signal raised is still a RunParked for the caller.
             resume = f"`smthrs resume {run_id} --key K` (or the same `smthrs run` again) continues it"
             _events.announce_parked(parked, rt.db, resume=resume)
-            raise pause_flow_run(parked, f"{resume}; {_events.parked_hint(run_id)}") from None
+            raise pause_flow_run(parked, resume) from None  # its message adds how to inspect and decide
 
     smthrs_flow: Flow[[], Report] = Flow(
         body,

@@ -12,6 +12,10 @@ composition root discovers it like any third-party plugin and never imports this
   a cancellation is committed, resume the run's parked flow run of a Prefect DEPLOYMENT through the Prefect API
   (``_deployment.py``), so the deployment's runner or worker executes it again. A run whose latest flow run is not
   a deployment's answers ``HostNotParked`` without importing Prefect (a ``smthrs worker`` continues it).
+- A parked deployment flow run cancelled in Prefect (no process runs it, so nothing else tells smthrs) settles its
+  run ``cancelled`` at the next touch, through ``Control.cancel`` as ``prefect/flow-run``: BEFORE an approval,
+  denial, resume, signal or cancellation decides anything (the waker's ``ended``, asked by the control plane: the
+  caller is answered ``Terminal``), and when a wake finds the flow run *Cancelled* (``sp.complete``).
 
 Loading this module costs nothing: Prefect is imported only once a flow run is known to be active (if Prefect
 was never imported, no flow run can be).
@@ -19,6 +23,7 @@ was never imported, no flow run can be).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..engine.waits.flow_waits import HostNotParked, HostWake, HostWaker
@@ -34,7 +39,10 @@ __all__ = [
     "smthrs_approval_decided",
     "smthrs_run_waker",
     "wake_deployment_flow_run",
+    "deployment_flow_run_ended",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class PrefectHostProvider:
@@ -102,7 +110,8 @@ def smthrs_approval_decided(
 
 def wake_deployment_flow_run(run_id: str, journal: Journal) -> HostWake:
     """The Prefect host's run waker: resume ``run_id``'s parked flow run when its latest recorded flow run belongs
-    to a deployment (``_flowrun.deployment_flow_run_of``); ``HostNotParked`` otherwise."""
+    to a deployment (``_flowrun.deployment_flow_run_of``); ``HostNotParked`` otherwise. A flow run Prefect shows
+    *Cancelled* settles the run ``cancelled`` (module docstring)."""
     from ._flowrun import deployment_flow_run_of
 
     found = deployment_flow_run_of(journal, run_id)
@@ -114,10 +123,52 @@ def wake_deployment_flow_run(run_id: str, journal: Journal) -> HostWake:
         )
     from ._deployment import resume_parked
 
-    return resume_parked(run_id, *found)
+    return resume_parked(run_id, *found, on_cancelled=lambda why: _settle_cancelled(run_id, journal, why))
+
+
+def deployment_flow_run_ended(run_id: str, journal: Journal) -> HostWake | None:
+    """Asked by the control plane before it decides anything about the parked run ``run_id`` (the waker's
+    ``ended``): when its latest flow run belongs to a deployment and Prefect shows it *Cancelled*, settle the run
+    ``cancelled`` and answer why (``HostNotParked``); else ``None``. Prefect failing to answer is logged and
+    answers ``None``: the decision goes on, and its wake reports the failure."""
+    from ._flowrun import deployment_flow_run_of
+
+    found = deployment_flow_run_of(journal, run_id)
+    if found is None:
+        return None
+    from ._deployment import cancelled_in_prefect
+
+    try:
+        why = cancelled_in_prefect(*found)
+    except Exception as exc:  # logged; the decision's own wake then answers HostWakeFailed with the cause
+        log.warning(
+            "could not read the Prefect state of flow run %s of smthrs run %s before deciding: %r",
+            found[0], run_id, exc, exc_info=exc,
+        )  # fmt: skip
+        return None
+    return None if why is None else _settle_cancelled(run_id, journal, why)
+
+
+def _settle_cancelled(run_id: str, journal: Journal, why: str) -> HostWake:
+    """Settle ``run_id`` ``cancelled`` because Prefect cancelled its flow run: ``Control.cancel`` as
+    ``prefect/flow-run`` (recorded once: a second call finds the run settled)."""
+    from ..control.facade import Control
+    from ._deployment import HOST
+    from ._flowrun import PREFECT_PRINCIPAL
+
+    # A plane without a waker: Prefect already shows the flow run final, there is nothing to resume.
+    receipt = Control(journal.db, journal=journal).cancel(run_id, principal=PREFECT_PRINCIPAL, reason=why)
+    log.info("smthrs run %s: %s: %s", run_id, why, type(receipt).__name__)
+    return HostNotParked(
+        run_id,
+        HOST,
+        f"{why}; smthrs run {run_id} is settled cancelled and nothing of it runs again (start a new flow run of "
+        "the deployment to run the flow again)",
+    )
 
 
 wake_deployment_flow_run.host = "prefect"  # type: ignore[attr-defined]  # named in a failure it raises
+wake_deployment_flow_run.ended = deployment_flow_run_ended  # type: ignore[attr-defined]  # see the docstring
 
 
 @hookimpl

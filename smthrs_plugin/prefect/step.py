@@ -58,8 +58,9 @@ from ._flowrun import context_for_call
 from ._reach import step_identity
 from ._refusals import told
 from ._remote import RemoteTarget, StepBody, coordinator_runner, execution_for
-from ._stepjournal import record_settled
+from ._stepjournal import build_ms, record_settled, remember_build
 from ._steprequest import check_path_arguments, request_for
+from .environment import give_ephemeral_server_time
 from .steprun import StepContext, standalone_run
 from .workspace import Workspace, with_workspace
 
@@ -433,8 +434,17 @@ def _dispatch(
     if result.outcome == "clean" and as_state:
         from prefect.states import Completed
 
-        return Completed(name="Cached", message=f"{_HIT_MESSAGE}{result.key}", data=result.value)
+        return Completed(name="Cached", message=_cached_message(rt, result), data=result.value)
     return result.value
+
+
+def _cached_message(rt: Runtime, result: Any) -> str:
+    """The message of a hit's ``Cached`` state: the key, the tier that served it and the time it saved (how long
+    the original execution ran, when this database recorded that build)."""
+    tier = getattr(result.decision, "tier", None) or "unknown"
+    saved = build_ms(rt, result.key)
+    said = "time saved not recorded here" if saved is None else f"saved {saved / 1000:.3f} s of execution"
+    return f"{_HIT_MESSAGE}{result.key}; {tier} tier; {said}"
 
 
 def _payload(
@@ -459,6 +469,10 @@ def _payload(
     if result.error is not None:
         payload["error"] = error_line(result.error)
     payload["ms"] = round(sum(dict(result.timings).values()), 3)
+    if result.outcome == "built" and "execute" in result.timings:
+        # How long the body ran: what a later hit of this key reports as saved (no key folds it).
+        payload["execute_ms"] = round(float(result.timings["execute"]), 3)
+        remember_build(result.key, payload["execute_ms"])
     return payload
 
 
@@ -904,6 +918,9 @@ def step(
             "cache_exclude": cache_exclude,
             "cache_value": cache_value,
         }
+        # The author's own @flow starts Prefect's ephemeral server before any smthrs code runs: give it a busy
+        # machine's budget now, unless the user chose one.
+        give_ephemeral_server_time()
         return Step(f, spec_options=spec_options, task_options=task_options)
 
     return wrap(fn) if fn is not None else wrap

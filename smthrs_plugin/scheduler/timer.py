@@ -16,6 +16,10 @@ Invariants:
   settle first), the run parks ``timer`` at the stored deadline and the process may exit; whoever drives the run
   next (``smthrs run --run-id``, a worker's clock fire) replays settled nodes ``clean`` and continues.
 - The node's value is ``{"due_at_ms": <stored deadline>}``.
+- A timer honours its pass's cancel token (``NodeInput.cancel``): once the pass is interrupted (a sibling's typed
+  failure, an interrupt of the scheduler) the wait stops within ``poll_s`` of the run's context and the node fails
+  :class:`TimerInterrupted`, so the pass never waits out a timer to report its failure. The clock stays scheduled
+  (the next drive of the run finds its original deadline).
 
 Prior art: Temporal's durable timers; Argo's suspend-with-duration steps.
 """
@@ -27,12 +31,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..cache.model import DispatchRequest, DispatchResult, Execute
-from ..engine.context import current_run
-from ..engine.waits.flow_waits import deadline_ms, sleep_to
+from ..engine.context import RunContext, RunParked, current_run
+from ..engine.waits.flow_waits import deadline_ms
 from ..errors import PlanError, WaitError
+from ..records.wait_rows import ClockRecord
+from .cancel import CancelToken
 from .model import NodeInput
 
-__all__ = ["check_wait_spec", "is_timer", "run_timer", "TimerDispatcher", "TIMER_DISPATCHER", "timer_name"]
+__all__ = [
+    "check_wait_spec",
+    "is_timer",
+    "run_timer",
+    "TimerDispatcher",
+    "TIMER_DISPATCHER",
+    "TimerInterrupted",
+    "timer_name",
+]
+
+
+class TimerInterrupted(Exception):
+    """A timer node stopped waiting because its scheduler pass was interrupted (the node's failure outcome)."""
+
+    def __init__(self, node_id: str, reason: str | None) -> None:
+        super().__init__(f"node {node_id!r}: timer stopped: the scheduler pass was interrupted ({reason})")
+        self.node_id = node_id
+        self.reason = reason
 
 
 def is_timer(node: Any) -> bool:
@@ -78,8 +101,30 @@ def run_timer(ni: NodeInput) -> dict[str, int]:
         due = ctx.clock.now_ms() + math.ceil(
             float(spec["seconds"]) * 1000
         )  # first attempt only: re-runs keep theirs
-    record = sleep_to(ctx, timer_name(ni.node.id), due)
+    record = _sleep_to(ctx, ni.node.id, due, ni.cancel)
     return {"due_at_ms": record.due_at_ms}
+
+
+def _sleep_to(ctx: RunContext, node_id: str, due_at_ms: int, cancel: CancelToken) -> ClockRecord:
+    """``flow_waits.sleep_to`` that also stops when ``cancel`` fires: the run's interrupt wakes the wait at once,
+    the pass's token is looked at every ``ctx.poll_s`` (a clock waits on one event)."""
+    name = timer_name(node_id)
+    record = ctx.waits.schedule_clock(ctx.run_id, name, due_at_ms, ctx.owner).record
+    while record.pending:
+        ctx.raise_if_interrupted()
+        if cancel.cancelled:
+            raise TimerInterrupted(node_id, cancel.reason)
+        remaining = (record.due_at_ms - ctx.clock.now_ms()) / 1000
+        if remaining <= 0:
+            # Completed, or AlreadyCompleted by a driver's fire: either way the deadline has passed.
+            ctx.waits.complete_clock(record.flow, record.execution_id, record.name)
+            break
+        if remaining > ctx.budget_left_s:
+            raise ctx.parked(RunParked(ctx.run_id, "timer", name, due_at_ms=record.due_at_ms))
+        started = ctx.clock.monotonic()
+        ctx.clock.wait(ctx.interrupt, min(remaining, ctx.poll_s))
+        ctx.spend(ctx.clock.monotonic() - started)
+    return record
 
 
 class TimerDispatcher:

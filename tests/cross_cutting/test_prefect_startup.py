@@ -104,3 +104,44 @@ def test_only_prefects_startup_time_out_is_translated_and_nothing_is_swallowed()
     assert isinstance(typed.value.__cause__, RuntimeError) and str(typed.value.cause) == prefect_text
     with pytest.raises(RuntimeError, match="something else"), translated_startup_timeout():
         raise RuntimeError("something else")
+
+
+#: A flow author's script, written the way the README shows it: Prefect imported first, an ``@sp.step``, then the
+#: budget the flow run's ephemeral server would get (read after the decorator, as the flow would).
+AUTHOR_SCRIPT = """
+from prefect import flow
+from prefect.settings import get_current_settings
+
+import smthrs_plugin as sp
+
+@sp.step
+def noop() -> int:
+    return 1
+
+print(get_current_settings().server.ephemeral.startup_timeout_seconds)
+"""
+
+
+def _author_budget(tmp_path: Path, **extra: str) -> int:
+    script = tmp_path / "pipeline.py"  # a file: a step's key folds its source
+    script.write_text(AUTHOR_SCRIPT)
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        env=_env(tmp_path, **extra),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_script_that_defines_a_step_gives_its_own_flows_ephemeral_server_180_s(tmp_path: Path) -> None:
+    assert _author_budget(tmp_path) == 180
+
+
+def test_a_script_that_defines_a_step_keeps_the_users_startup_timeout(tmp_path: Path) -> None:
+    assert _author_budget(tmp_path, **{STARTUP_TIMEOUT_SETTING: "45"}) == 45
+    (tmp_path / "prefect.toml").write_text("[server.ephemeral]\nstartup_timeout_seconds = 33\n")
+    assert _author_budget(tmp_path) == 33

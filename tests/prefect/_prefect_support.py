@@ -74,7 +74,7 @@ def run_py(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, tim
 
 
 def step_outcomes(workspace: Path) -> list[str]:
-    """Every ``step-settled`` outcome journaled in ``workspace``'s runtime, sorted (the README examples' check that
+    """Every ``step-settled`` outcome journaled in ``workspace``'s runtime, sorted (the documented examples' check that
     each body ran once and every repeat was a hit)."""
     import smthrs_plugin as sp
 

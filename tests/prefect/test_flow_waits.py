@@ -405,14 +405,14 @@ def test_smthrs_resume_with_flow_answers_parked_then_drives_the_flows_run_once_a
     resume = ["resume", "release-3", "--flow", "test_flow_waits:gated", *opts]
     waiting = runner.invoke(app, [*resume, "--key", "r1"])
     assert waiting.exit_code == 75, waiting.output
-    assert json.loads(waiting.output)["receipt"]["type"] == "Parked" and EXECUTED == ["build:2"]
+    assert json.loads(waiting.output)["receipt"]["_tag"] == "Parked" and EXECUTED == ["build:2"]
     approved = runner.invoke(app, ["approve", "release-3", "--request", "ship", *opts])
     assert approved.exit_code == 0, approved.output
     done = runner.invoke(app, [*resume, "--key", "r2"])
     assert done.exit_code == 0, done.output
     answer = json.loads(done.output)
-    assert answer["receipt"]["type"] == "Accepted" and answer["status"] == "completed"
+    assert answer["receipt"]["_tag"] == "Accepted" and answer["status"] == "completed"
     assert EXECUTED == ["build:2", "publish:4"]  # build served clean, publish ran once
     again = runner.invoke(app, [*resume, "--key", "r2"])
-    assert again.exit_code == 0 and json.loads(again.output)["receipt"]["type"] == "Terminal"
+    assert again.exit_code == 0 and json.loads(again.output)["receipt"]["_tag"] == "Terminal"
     assert EXECUTED == ["build:2", "publish:4"]

@@ -1,4 +1,4 @@
-"""The README's Prefect example of "Durable waits", run verbatim in real processes: a ``@flow`` that sleeps and
+"""The docs/how-to/durable-waits.md Prefect example of "Durable waits", run verbatim in real processes: a ``@flow`` that sleeps and
 asks for an approval, driven by ``smthrs worker --run`` — exit 75 on the timer, 75 again on the approval (the
 step before it served ``clean``, not re-executed), ``smthrs approve``, then 0."""
 
@@ -23,7 +23,7 @@ from smthrs_plugin.stores.database import open_database
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 
-# --- README example (keep identical to the README section "Durable waits") ---
+# --- example (keep identical to docs/how-to/durable-waits.md, "Durable waits") ---
 NIGHTLY_FLOW_PY = """\
 from prefect import flow
 
@@ -47,10 +47,10 @@ smthrs worker --flow nightly_flow:nightly --run night-1   # an hour later: repor
 smthrs approve night-1 --request publish                  # records the decision, wakes the run
 smthrs worker --flow nightly_flow:nightly --run night-1   # exit 0: completed
 """
-# --- end README example ---
+# --- end of the example ---
 
 
-def test_readme_shows_these_commands() -> None:
+def test_durable_waits_page_shows_these_commands() -> None:
     readme = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "durable-waits.md").read_text(encoding="utf-8")
     for line in COMMANDS.splitlines():
         assert f"$ {line}" in readme, line

@@ -1,4 +1,5 @@
-"""The README's flow-author examples, run verbatim (in a temporary working directory, on the session's server).
+"""The flow-author examples of README.md and docs/tutorials/flow-authors.md, run verbatim (in a temporary working
+directory, on the session's server).
 
 The data-team example (``python examples/shared_s3_cache.py``) and the plugin example
 (``examples/third_party_plugin``) are run by ``test_prefect_examples.py``.
@@ -21,7 +22,7 @@ def test_readme_flow_author_example_runs(
     monkeypatch.delenv("SMTHRS_WORKSPACE", raising=False)
     (tmp_path / "data").mkdir()
     (tmp_path / "data/raw.csv").write_text("0.2\n0.7\n0.9\n")
-    # --- README example (keep identical to the README section "For Prefect flow authors: @step") ---
+    # --- example (keep identical to README.md and docs/tutorials/flow-authors.md, "For Prefect flow authors: @step") ---
     from prefect import flow
 
     import smthrs_plugin as sp
@@ -40,7 +41,7 @@ def test_readme_flow_author_example_runs(
 
     print(pipeline())  # runs the body in a sandbox, copies data/clean.csv back: built
     print(pipeline())  # same bytes in: a verified hit, data/clean.csv replayed: clean
-    # --- end README example ---
+    # --- end of the example ---
     assert capsys.readouterr().out.splitlines()[-2:] == ["{'kept': 2}", "{'kept': 2}"]
     assert (tmp_path / "data/clean.csv").read_text() == "0.7\n0.9\n"
     assert step_outcomes(tmp_path) == ["built", "clean"]
@@ -52,7 +53,7 @@ def test_readme_plan_in_a_flow_example_runs(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SMTHRS_WORKSPACE", raising=False)
     (tmp_path / "src.txt").write_text("hello\n")
-    # --- README example (keep identical to the README section "Plans on Prefect") ---
+    # --- example (keep identical to docs/tutorials/flow-authors.md, "Plans on Prefect") ---
     from prefect import flow
 
     import smthrs_plugin as sp
@@ -72,6 +73,6 @@ def test_readme_plan_in_a_flow_example_runs(
             return rt.scheduler(run_id).run(plan, shout).outcomes
 
     print(release("readme-1"), release("readme-2"))
-    # --- end README example ---
+    # --- end of the example ---
     assert capsys.readouterr().out.splitlines()[-1] == "{'shout': 'built'} {'shout': 'clean'}"
     assert (tmp_path / "loud.txt").read_text() == "HELLO\n"

@@ -279,7 +279,7 @@ def test_readme_async_step_example_runs(
     monkeypatch.delenv("SMTHRS_WORKSPACE", raising=False)
     (tmp_path / "data").mkdir()
     (tmp_path / "data/raw.csv").write_text("0.2\n0.7\n0.9\n")
-    # --- README example (keep identical to the async block of "For Prefect flow authors: @step") ---
+    # --- example (keep identical to the async block of "For Prefect flow authors: @step") ---
     import asyncio
 
     from prefect import flow
@@ -305,7 +305,7 @@ def test_readme_async_step_example_runs(
 
     print(asyncio.run(report()))  # built: each body ran once, in its sandbox
     print(asyncio.run(report()))  # every step a verified hit, Cached in Prefect: no body ran
-    # --- end README example ---
+    # --- end of the example ---
     expected = "[{'rows': 3}, [1, 4, 9]]"
     assert capsys.readouterr().out.splitlines()[-2:] == [expected, expected]
     assert (tmp_path / "data/summary.txt").read_text() == "raw: 3 rows\n"

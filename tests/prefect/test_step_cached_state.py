@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _prefect_support import poll, task_runs_of
+from _prefect_support import poll, run_py, task_runs_of
 from prefect import flow
 from prefect.client.schemas.objects import State
 
@@ -152,3 +152,86 @@ def test_submit_and_map_hits_stay_cached_and_resolve_to_values(ws: Path, prefect
     again = fanned()
     assert again["values"] == [{"square": 4}, {"square": 4}, {"square": 9}]
     assert _state_names(prefect_api, again["flow_run_id"], 3) == ["Cached"] * 3
+
+
+def _cached_messages(api: str, flow_run_id: str) -> list[str]:
+    runs = poll(
+        lambda: task_runs_of(api, flow_run_id),
+        lambda v: len(v) == 1 and v[0]["state"]["name"] == "Cached",
+    )
+    return [str(r["state"]["message"]) for r in runs]
+
+
+def _built_execute_ms(workspace: Path) -> float:
+    with sp.open_runtime(workspace) as rt:
+        runs = rt.runs.list(limit=50)
+        built = [
+            e.payload
+            for r in runs
+            for e in rt.journal.read(r.run_id, limit=500)
+            if e.type == "step-settled" and e.payload["outcome"] == "built"
+        ]
+    assert len(built) == 1 and isinstance(built[0]["execute_ms"], float)
+    return float(built[0]["execute_ms"])
+
+
+def test_a_cached_state_names_the_local_tier_and_the_time_the_original_execution_took(
+    ws: Path, prefect_api: str
+) -> None:
+    direct(5)
+    second = direct(5)
+    (message,) = _cached_messages(prefect_api, second["flow_run_id"])
+    execute_ms = _built_execute_ms(ws)  # recorded with the build, folded into no key
+    assert message.startswith("smthrs: verified cache hit key1_") and "; local tier; " in message
+    assert message.endswith(f"saved {execute_ms / 1000:.3f} s of execution")
+
+
+def test_a_cached_state_served_by_the_shared_tier_names_that_tier_and_the_time_its_publisher_recorded(
+    tmp_path: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from smthrs_plugin.cache import generate_key_pair
+
+    CALLS.clear()
+    key, _, _ = generate_key_pair(tmp_path / "keys")
+    monkeypatch.setenv("SMTHRS_CACHE_SIGNING_KEY", str(key))  # both workspaces publish and trust one key
+    shared = (tmp_path / "shared").as_uri()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with sp.step_settings(workspace=tmp_path / "a", artifacts=shared):
+        direct(6)
+    with sp.step_settings(workspace=tmp_path / "b", artifacts=shared):
+        other = direct(6)
+    assert CALLS == ["square"]
+    (message,) = _cached_messages(prefect_api, other["flow_run_id"])
+    execute_ms = _built_execute_ms(tmp_path / "a")  # the publisher's build, seen by this process
+    assert "; shared tier; " in message and message.endswith(f"saved {execute_ms / 1000:.3f} s of execution")
+
+
+HIT_SCRIPT = """\
+import sys
+from prefect import flow
+import smthrs_plugin as sp
+
+@sp.step
+def cube(x: int) -> int:
+    return x ** 3
+
+@flow(persist_result=False)
+def cubed(x: int) -> int:
+    return cube(x, return_state=True).message or "built"
+
+with sp.step_settings(workspace=sys.argv[1]):
+    print("MESSAGE", cubed(2))
+"""
+
+
+def test_a_later_process_reads_the_time_saved_from_the_build_record_of_the_entrys_run(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "hit.py").write_text(HIT_SCRIPT)
+    env = {"SMTHRS_ISOLATION": "thread"}
+    first = run_py([str(tmp_path / "hit.py"), str(tmp_path / "ws")], cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "MESSAGE built" in first.stdout, first.stderr[-3000:]
+    second = run_py([str(tmp_path / "hit.py"), str(tmp_path / "ws")], cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    execute_ms = _built_execute_ms(tmp_path / "ws")
+    assert f"; local tier; saved {execute_ms / 1000:.3f} s of execution" in second.stdout

@@ -268,7 +268,7 @@ def test_readme_freshness_exampleruns(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SMTHRS_WORKSPACE", raising=False)
-    # --- README example (keep identical to the README section "Freshness") ---
+    # --- example (keep identical to docs/tutorials/flow-authors.md, "Freshness") ---
     import datetime as dt
 
     from prefect import flow
@@ -298,7 +298,7 @@ def test_readme_freshness_exampleruns(
     print(rates())  # rate and publish built
     print(rates())  # rate is a verified hit (within the hour), publish ran again
     # rate.with_options(refresh_cache=True) would fetch now and replace the entry
-    # --- end README example ---
+    # --- end of the example ---
     assert capsys.readouterr().out.splitlines()[-2:] == ["{'pair': 'EURUSD', 'rate': 1.08}"] * 2
     assert (tmp_path / "out/rate.txt").read_text() == "EURUSD 1.08\n"
     from _prefect_support import step_outcomes

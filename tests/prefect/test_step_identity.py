@@ -315,7 +315,7 @@ def test_cache_explain_takes_a_bare_step_name_and_names_the_changed_module(
     done = _explain(db, "total")  # the qualname alone
     assert done.exit_code == 0, done.output
     explained = json.loads(done.output)
-    assert explained["subject"] == "shop_pipe:total" and explained["status"] == "changed"
+    assert explained["subject"] == "shop_pipe:total" and explained["comparison"] == "changed"
     assert explained["changes"] == [
         {
             "category": "body",

@@ -241,7 +241,7 @@ def test_readme_dataframe_step_example_runs(
     monkeypatch.delenv("SMTHRS_WORKSPACE", raising=False)
     (tmp_path / "data").mkdir()
     (tmp_path / "data/sales.csv").write_text("day,amount\n2026-01-01,3.5\n2026-01-02,4.0\n2026-01-02,0.5\n")
-    # --- README example (keep identical to the DataFrame block of "For Prefect flow authors: @step") ---
+    # --- example (keep identical to the DataFrame block of "For Prefect flow authors: @step") ---
     import datetime as dt
 
     import pandas as pd
@@ -265,6 +265,6 @@ def test_readme_dataframe_step_example_runs(
 
     print(daily_total(dt.date(2026, 1, 2)))  # built: both bodies ran
     print(daily_total(dt.date(2026, 1, 2)))  # clean: the frame decoded from the store, then `total` hit
-    # --- end README example ---
+    # --- end of the example ---
     assert capsys.readouterr().out.splitlines()[-2:] == ["4.5", "4.5"]
     assert step_outcomes(tmp_path) == ["built"] * 2 + ["clean"] * 2
