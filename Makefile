@@ -16,12 +16,13 @@ export PREFECT_LOGGING_ROOT_LEVEL ?= CRITICAL
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 # `make test` runs the suite on TEST_WORKERS pytest-xdist workers (0: in one process). A worker is a session of its
 # own (Prefect server, moto server, temporary tree); `--dist loadfile` keeps a test file's module fixtures on one.
-# Most tests wait on subprocesses, servers and fsync, so two workers halve the wall time even on 2 cores.
+# Most tests wait on subprocesses, servers and fsync, so two workers halve the wall time even on 2 cores. The 30
+# slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 2
 # `make test-stress`: the suite STRESS_RUNS times in a row with every core kept busy (.ci/stress).
 STRESS_RUNS ?= 3
 
-.PHONY: demo test test-stress lint bench clean
+.PHONY: demo test test-stress lint docs docs-serve bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,7 +33,7 @@ $(STAMP_RUN): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e '.[test,dev,docs]'
 	touch $@ $(STAMP_RUN)
 
 demo: $(STAMP_RUN)
@@ -41,7 +42,7 @@ demo: $(STAMP_RUN)
 
 test: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 test-stress: $(STAMP_TEST)
 	@mkdir -p $(PREFECT_HOME)
@@ -56,6 +57,13 @@ lint: $(STAMP_TEST)
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_test_imports.py
 	$(BIN)/python tools/check_module_size.py
+
+# The docs site (mkdocs.yml, docs/): --strict turns every broken link, anchor and generated page into a failure.
+docs: $(STAMP_TEST)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP_TEST)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 bench: $(STAMP_TEST)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -11,7 +11,7 @@ Automations run inside a Prefect server (or Prefect Cloud): point ``PREFECT_API_
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python examples/automation_notify.py --webhook URL [--json]
 
-Every ``smthrs.*`` event, its resource id, labels and payload: README "Automations" (and
+Every ``smthrs.*`` event, its resource id, labels and payload: docs/how-to/automations.md (and
 ``smthrs_plugin/prefect/_events.py``).
 """
 
@@ -64,7 +64,7 @@ def create_approval_notification(
             client.delete_automation(old.id)
     automation = Automation(
         name=name,
-        description="Notify when a smthrs run parks on a node approval (README: Automations).",
+        description="Notify when a smthrs run parks on a node approval (docs: Automations).",
         trigger=EventTrigger(
             expect={"smthrs.approval.requested"},
             # Node requests are about their run; plan cards about their plan.

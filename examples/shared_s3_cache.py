@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if not fs.exists(bucket):
             fs.mkdir(bucket)
         artifacts = f"s3://{bucket}/cache"
-        # Publisher trust (README "Trusting a shared cache"): both machines sign with, and so trust, one team key;
+        # Publisher trust (docs/tutorials/data-teams.md, "Trusting a shared cache"): both machines sign with, and so trust, one team key;
         # machine B inherits the variable. Without it each workspace trusts only its own key and B would rebuild.
         from smthrs_plugin.cache import workspace_key
 

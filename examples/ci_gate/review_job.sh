@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CI job of examples/ci_gate/pipeline.yaml with a person approving in the browser (README "Approve from a
+# The CI job of examples/ci_gate/pipeline.yaml with a person approving in the browser (docs/tutorials/ci-pipelines.md, "Approve from a
 # browser"): plan, run with a key (parks, exit 75), print the review page's URL, then retry the SAME command with
 # the SAME key every REVIEW_POLL_S seconds while it exits 75. Each approval in the page (the plan card, then the
 # deploy node's request `ship`) lets the next retry go further; the job exits 0 once the run completed. A retry

@@ -1,6 +1,6 @@
 """Isolated bodies: a building body runs in a forked child where every workspace path means its sandbox.
 
-- Modes (the README's isolation table): ``namespace`` (a private mount namespace with the sandbox bind-mounted over
+- Modes (the isolation table of docs/tutorials/flow-authors.md): ``namespace`` (a private mount namespace with the sandbox bind-mounted over
   the workspace path), ``process`` (a child whose working directory is the sandbox; a Python-level open of a
   workspace path outside it is refused by an audit hook, ``BoundaryRefusal(undeclared_read | undeclared_write)``
   naming the path) and ``thread`` (an explicit opt-out in the calling thread, with the same audit-hook refusals;

@@ -198,7 +198,7 @@ def node_request(
     publish_shared: bool | None = None,
 ) -> DispatchRequest:
     """Measure ``draft``'s declared reads on ``workspace`` now and :func:`build_request` it — for callers with no
-    pinned observations (``@step``, tests, the README's direct use of the seam).
+    pinned observations (``@step``, tests, the direct use of the seam in docs/explanation/cache.md).
 
     ``upstream_plan_keys``: the plan keys of its dependencies, for the run-local key of a non-sealed node with
     upstream inputs. Other arguments as :func:`build_request`."""

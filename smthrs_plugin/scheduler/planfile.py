@@ -1,4 +1,4 @@
-"""Plan files: the YAML plan format (README "Running plans"), and the executor that runs its nodes.
+"""Plan files: the YAML plan format (docs/how-to/plans.md), and the executor that runs its nodes.
 
 Invariants
 - A malformed file is refused with ``PlanError(invalid_plan_file)`` naming the file, line and field, before

@@ -7,7 +7,7 @@ when another node of the run deviated on exactly the same paths, ``Fail`` otherw
 
 - :class:`ReconcileContext` carries every deviation attributed in the run so far (a journal page is attributed before
   any of it is judged): which of two identical deviations the journal listed first never decides the verdict.
-- The coordinator enforces a verdict (the README's "Deviations, conflicts and reconciliation"); every verdict is
+- The coordinator enforces a verdict (docs/how-to/plans.md, "Deviations, conflicts and reconciliation"); every verdict is
   journaled (``node-reconciled``) and reported, a re-judged node's each time.
 """
 

@@ -1,4 +1,4 @@
-"""The README's step-boundary example, run verbatim."""
+"""The docs/explanation/cache.md step-boundary example, run verbatim."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_readme_example_runs(
     (ws / "data" / "raw.csv").write_text("a,1\n\nb,2\n")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(ws)
-    exec(compile(README_EXAMPLE, "README.md", "exec"), {})
+    exec(compile(README_EXAMPLE, "docs/explanation/cache.md", "exec"), {})
     assert capsys.readouterr().out == "2 True\n"
     assert (ws / "data/clean.csv").read_text() == "a,1\nb,2\n"
     assert (tmp_path / "elsewhere/data/clean.csv").read_text() == "a,1\nb,2\n"

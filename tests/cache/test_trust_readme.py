@@ -1,4 +1,4 @@
-"""The README's "Trusting a shared cache" example, run verbatim: CI signs and publishes, a laptop that trusts CI's
+"""The docs/tutorials/data-teams.md "Trusting a shared cache" example, run verbatim: CI signs and publishes, a laptop that trusts CI's
 public key gets a verified hit, a revocation makes the laptop re-execute (and, reading only, not publish)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_trust_readme_example_runs(
         (tmp_path / ws).mkdir()
         (tmp_path / ws / "raw.csv").write_text("a,1\n")
     monkeypatch.chdir(tmp_path)
-    exec(compile(README_EXAMPLE, "README.md", "exec"), {})
+    exec(compile(README_EXAMPLE, "docs/tutorials/data-teams.md", "exec"), {})
     assert capsys.readouterr().out.splitlines() == [
         "ci built Miss published",
         "laptop clean VerifiedHit None",

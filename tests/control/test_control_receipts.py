@@ -172,7 +172,7 @@ print(card.approval.to_json()["target"]["digest"] == card.digest, len(card.diges
 
 
 def test_readme_example_runs_and_prints_what_the_readme_says(capsys: pytest.CaptureFixture[str]) -> None:
-    exec(compile(README_EXAMPLE, "README.md", "exec"), {})
+    exec(compile(README_EXAMPLE, "docs/tutorials/ci-pipelines.md", "exec"), {})
     assert capsys.readouterr().out.splitlines() == [
         "{'_tag': 'AlreadyApplied', 'receiptId': 'rcpt-1', 'runId': 'run-1'}",
         "Conflict",

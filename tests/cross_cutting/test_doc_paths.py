@@ -103,7 +103,7 @@ def _banned_scope() -> list[Path]:
     files = [p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     files += [p for p in _markdown_files() if p.exists()]
     files += [p for p in (ROOT / ".ci").rglob("*") if p.is_file()]
-    files += [ROOT / "Makefile", ROOT / "pyproject.toml"]
+    files += [ROOT / "Makefile", ROOT / "pyproject.toml", ROOT / "mkdocs.yml"]
     return sorted(files)
 
 

@@ -2,7 +2,7 @@
 ``sp.plan`` and ``sp.control`` theirs, every one resolves, none shadows a ``typing`` name or a builtin, one name
 never means two things across the three, and importing the package stays free of Prefect.
 
-Adding or removing a public name is a decision: change the list here in the same commit, and the README.
+Adding or removing a public name is a decision: change the list here in the same commit, and docs/reference/api.md.
 """
 
 from __future__ import annotations

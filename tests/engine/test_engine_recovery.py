@@ -109,7 +109,7 @@ def test_postgres_backup_and_restore_are_refused_with_a_pointer_to_pg_tools(
 
 
 def test_cli_recover_backup_restore_fence(sqlite_url: str, tmp_path: Path) -> None:
-    # The README example: back up, restore over the live store, fence.
+    # The example of docs/explanation/durability.md: back up, restore over the live store, fence.
     db = open_database(sqlite_url)
     runs = RunStore(db)
     runs.create("r1", "flow")

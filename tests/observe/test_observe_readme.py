@@ -1,4 +1,4 @@
-"""The README's observe example, run verbatim (in a temporary working directory)."""
+"""The docs/how-to/observe.md observe example, run verbatim (in a temporary working directory)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_readme_observe_example_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    # --- README example (keep identical to the README section "Observe") ---
+    # --- example (keep identical to docs/how-to/observe.md, "Observe") ---
     from opentelemetry.sdk.metrics import MeterProvider  # the host picks the SDK/exporter, not the plugin
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -41,7 +41,7 @@ def test_readme_observe_example_runs(
     print([c.run_id for c in feed.changes_since(db, pos.source, 0).changes])  # ['demo-1']
     print(sorted(m.name for rm in reader.get_metrics_data().resource_metrics
                  for sm in rm.scope_metrics for m in sm.metrics)[:2])  # fmt: skip
-    # --- end README example ---
+    # --- end of the example ---
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "['node-settled', 'run-settled']"
     assert out[1] == "{'by': 'me'}"

@@ -1,4 +1,4 @@
-"""The composition root (open_runtime) and the README's scheduler example, run verbatim."""
+"""The composition root (open_runtime) and the docs/how-to/plans.md scheduler example, run verbatim."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_readme_example_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    exec(compile(README_EXAMPLE, "README.md", "exec"), {})
+    exec(compile(README_EXAMPLE, "docs/how-to/plans.md", "exec"), {})
     assert capsys.readouterr().out == (
         "[('fetch', 'built'), ('build', 'built'), ('lint', 'built')]\n"
         "['clean', 'clean', 'clean'] {'built': '1.4.0'}\n"

@@ -127,11 +127,11 @@ def test_a_pickled_database_keeps_its_mode(tmp_path: Path) -> None:
 
 def test_readme_example_opens_a_runtime_with_normal_sync(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    # --- README example ---
+    # --- example of docs/explanation/durability.md ---
     import smthrs_plugin as sp
 
     with sp.open_runtime(workspace=workspace, sqlite_synchronous="normal") as rt:
         assert rt.settings.sqlite_synchronous == "normal"
         assert rt.db.sqlite_synchronous == "normal"
-    # --- end README example ---
+    # --- end of the example ---
     rt.db.close()

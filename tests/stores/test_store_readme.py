@@ -1,4 +1,4 @@
-"""The README's store example, run verbatim (in a temporary working directory)."""
+"""The docs/explanation/durability.md store example, run verbatim (in a temporary working directory)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_readme_store_example_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    # --- README example (keep identical to the README section "Durable store") ---
+    # --- example (keep identical to docs/explanation/durability.md, "Durable store") ---
     from smthrs_plugin.engine.ownership import Activated, Ownership
     from smthrs_plugin.records import Journal, RunStore
     from smthrs_plugin.stores import open_database
@@ -33,7 +33,7 @@ def test_readme_store_example_runs(
         runs.finish("build-42", own.owner, "completed", result={"ok": True})
     )  # Settled(...) | Cancelled(...)
     print([e.type for e in journal.read("build-42")])
-    # --- end README example ---
+    # --- end of the example ---
     out = capsys.readouterr().out
     assert "committed build-42 2 progress" in out
     assert "Settled(run_id='build-42', status='completed'" in out

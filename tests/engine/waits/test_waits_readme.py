@@ -1,4 +1,4 @@
-"""The README's "Durable waits" example, run verbatim: a flow file and two ``smthrs worker`` commands in real
+"""The docs/how-to/durable-waits.md "Durable waits" example, run verbatim: a flow file and two ``smthrs worker`` commands in real
 processes — the first parks the run on its timer and exits 75, the second (a new process) fires the timer at its
 stored deadline and completes the run. The hour passes in the database (``_timetravel``), never on the wall
 clock: no step of the test races a short real-time deadline."""
@@ -24,7 +24,7 @@ from smthrs_plugin.stores.database import open_database
 
 pytestmark = pytest.mark.slow
 
-# --- README example (keep identical to the README section "Durable waits") ---
+# --- example (keep identical to docs/how-to/durable-waits.md, "Durable waits") ---
 NIGHTLY_PY = """\
 import smthrs_plugin as sp
 
@@ -34,7 +34,7 @@ def nightly(ctx):                     # ctx: sp.RunContext (run_id, clock, ...)
 """
 PARK = "SMTHRS_WAIT_BUDGET_S=0 smthrs worker --flow nightly=nightly:nightly --run night-1"
 SERVE = "smthrs worker --flow nightly=nightly:nightly"
-# --- end README example ---
+# --- end of the example ---
 
 
 def _command(line: str) -> tuple[dict[str, str], list[str]]:
