@@ -15,9 +15,9 @@ Invariants of the argument checks (each refusal is typed, exit 2, and says what 
 - **A duration is a finite number of seconds in 0..** :data:`MAX_SECONDS` (:func:`seconds`): ``inf`` or ``nan``
   would otherwise overflow a millisecond cutoff or a thread join far from the option that caused it.
 
-The JSON vocabulary (one spelling per state in every command's ``--json``; docs/rules.md "JSON vocabulary"): a run's
-``status`` is one of :data:`CLI_STATUSES` and, while parked, ``waiting_reason`` one of :data:`CLI_WAITING_REASONS`
-(:func:`cli_state` translates the stored names: ``suspended`` is ``parked``, ``waiting-approval`` is ``approval``,
+The JSON vocabulary (one spelling per state in every command's ``--json``; docs/rules.md "JSON vocabulary",
+:mod:`smthrs_plugin.vocabulary`): a run's ``status`` is one of ``CLI_STATUSES`` and, while parked, ``waiting_reason``
+one of ``CLI_WAITING_REASONS`` (``cli_state`` translates the stored names: ``suspended`` is ``parked``, ``waiting-approval`` is ``approval``,
 ``event`` is ``signal``); times are ``*_at_ms`` integers. The nested ``receipt`` and ``card`` keep the reference's
 wire names (``_tag``, ``receiptId``, ``planId`` ...): they are what is recorded and digested. Exit codes are still
 computed from the stored names (:mod:`.exits`), before the translation, so none changes.
@@ -37,17 +37,6 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import ControlError, InvalidInput, SettingsError, SmthrsError, StoreError, passing_fault
-from ..vocabulary import (  # one vocabulary for the CLI and `smthrs serve` (the floor both use)
-    CLI_STATUSES,
-    CLI_WAITING_REASONS,
-    cli_event,
-    cli_receipt,
-    cli_request,
-    cli_run,
-    cli_state,
-    status_filter,
-    waiting_filter,
-)
 from .exits import refusal_exit
 
 __all__ = [
@@ -64,15 +53,6 @@ __all__ = [
     "refuse",
     "print_refusal",
     "safe_text",
-    "CLI_STATUSES",
-    "CLI_WAITING_REASONS",
-    "cli_state",
-    "cli_run",
-    "cli_receipt",
-    "cli_request",
-    "cli_event",
-    "status_filter",
-    "waiting_filter",
     "PlainHelpGroup",
 ]
 

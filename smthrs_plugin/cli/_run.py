@@ -45,13 +45,13 @@ from smthrs_plugin.cli._common import (
     JsonOption,
     WorkspaceOption,
     check_workspace,
-    cli_state,
     db_url,
 )
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli.exits import exit_code
 from smthrs_plugin.engine.context import RunCancelled, RunParked
 from smthrs_plugin.errors import FenceLost, SmthrsError, passing_fault
+from smthrs_plugin.vocabulary import cli_state
 
 __all__ = ["register", "run_plan_file"]
 

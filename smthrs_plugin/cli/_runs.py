@@ -18,12 +18,13 @@ from typing import Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, cli_run, status_filter, waiting_filter
+from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import done as _done
 from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.cli.exits import EXIT_REFUSED
 from smthrs_plugin.errors import ControlError, SmthrsError
+from smthrs_plugin.vocabulary import cli_run, status_filter, waiting_filter
 
 __all__ = ["register", "list_runs_command", "show_run"]
 

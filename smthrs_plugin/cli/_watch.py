@@ -21,10 +21,11 @@ from typing import Annotated, Any
 
 import typer
 
-from smthrs_plugin.cli._common import DbOption, JsonOption, cli_event
+from smthrs_plugin.cli._common import DbOption, JsonOption
 from smthrs_plugin.cli._common import existing_db_url as _existing_db_url
 from smthrs_plugin.cli._common import refuse as _refuse
 from smthrs_plugin.errors import SmthrsError
+from smthrs_plugin.vocabulary import cli_event
 
 __all__ = ["register", "watch_run"]
 

@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from smthrs_plugin.cli._common import cli_receipt, cli_request, cli_state, print_refusal, safe_text
+from smthrs_plugin.cli._common import print_refusal, safe_text
 from smthrs_plugin.cli.exits import exit_code
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
+from smthrs_plugin.vocabulary import cli_receipt, cli_request, cli_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.facade import AdmittedRun, Control

@@ -69,7 +69,12 @@ def _doctor(ws: Path, monkeypatch: pytest.MonkeyPatch, *extra: str, **env: str) 
     monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     for var, value in env.items():
         monkeypatch.setenv(var, value)
-    result = CliRunner().invoke(app, ["doctor", "--workspace", str(ws), "--timeout", "30", "--json", *extra])
+    # The doctor runs in this process, where an earlier test may have pointed Prefect's settings at the session's
+    # server: only what this test configures may name a Prefect API.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["doctor", "--workspace", str(ws), "--timeout", "30", "--json", *extra])
     out = json.loads(result.stdout)
     assert list(out) == ["checks", "ok"] and out["ok"] is (result.exit_code == 0), result.output
     assert [row["check"] for row in out["checks"]] == CHECKS

@@ -20,7 +20,6 @@ import typer
 from typer.testing import CliRunner
 
 from smthrs_plugin.cli import app
-from smthrs_plugin.cli._common import CLI_STATUSES, CLI_WAITING_REASONS
 from smthrs_plugin.cli._run import _stopped
 from smthrs_plugin.engine.context import RunCancelled
 from smthrs_plugin.engine.lease import NAMED, RunLease, acquire
@@ -31,6 +30,7 @@ from smthrs_plugin.records.waits import WaitStore
 from smthrs_plugin.scheduler.planfile import read_plan_file
 from smthrs_plugin.settings import load_settings
 from smthrs_plugin.stores.database import open_database
+from smthrs_plugin.vocabulary import CLI_STATUSES, CLI_WAITING_REASONS
 
 GATED = """\
 plan: gated
