@@ -35,7 +35,6 @@ import typer
 from smthrs_plugin.cli._common import print_refusal, safe_text
 from smthrs_plugin.cli.exits import exit_code
 from smthrs_plugin.errors import ControlError, InvalidInput, SmthrsError
-from smthrs_plugin.vocabulary import cli_receipt, cli_request, cli_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from smthrs_plugin.control.facade import AdmittedRun, Control
@@ -200,16 +199,11 @@ def answer(
     from rich.console import Console
     from rich.table import Table
 
-    from smthrs_plugin.serve.wire import receipt_answer
+    from smthrs_plugin.serve.wire import in_vocabulary, receipt_answer
 
-    # One stable shape per command (README "JSON output"): every key is present, null when it does not apply.
-    payload, view = receipt_answer(control, receipt, operation=operation, card=card)
-    if payload["run_id"] is None and run_id is not None:
-        view = control.show(run_id)
-        payload.update(run_id=run_id, status=view.status, waiting_reason=view.waiting_reason)
-        payload["requests"] = [r.to_json() for r in view.pending]
-        if view.admission is not None and card is None:
-            payload.update(plan_id=view.admission.plan_id, digest=view.admission.card_digest)
+    # One stable shape per command (docs/rules.md "JSON vocabulary"): every key is present, null when it does not
+    # apply; the server's answer for the same verb, built by the same code.
+    payload, view = receipt_answer(control, receipt, operation=operation, card=card, run_id=run_id)
     run_id = payload["run_id"]
     status: str | None = payload["status"]
     waiting: str | None = payload["waiting_reason"]
@@ -220,7 +214,7 @@ def answer(
         payload["owner"] = None if held is None else held.to_json()
     # The exit code reads the stored names (the one table); the printed answer speaks the CLI's vocabulary.
     code = exit_code(operation, receipt.type, status, waiting, decision)
-    _in_cli_vocabulary(payload, parked_plan=receipt.type == "Parked" and run_id is None)
+    payload = in_vocabulary(payload, parked_plan=receipt.type == "Parked" and run_id is None)
     if as_json:
         typer.echo(json.dumps(payload, sort_keys=True, default=str))
         return code
@@ -254,18 +248,6 @@ def answer(
                 f"{safe_text(r.request_id)}"
             )
     return code
-
-
-def _in_cli_vocabulary(payload: dict[str, Any], *, parked_plan: bool) -> None:
-    """Rewrite the control plane's answer (``serve.wire``) in the CLI's vocabulary, in place. A plan awaiting its
-    approval has no run yet (``run_id`` null: the same key launches it once approved), but the launch is parked on
-    an approval, and the answer says so."""
-    if parked_plan:
-        payload.update(status="parked", waiting_reason="approval")
-    else:
-        payload["status"], payload["waiting_reason"] = cli_state(payload["status"], payload["waiting_reason"])
-    payload["receipt"] = cli_receipt(payload["receipt"])
-    payload["requests"] = [cli_request(r) for r in payload["requests"]]
 
 
 def _headline(receipt: Any, payload: Mapping[str, Any], operation: str) -> str:

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..cache.model import DispatchRequest, DispatchResult, Execute
-from ..engine.context import RunContext, RunParked, current_run
-from ..engine.waits.flow_waits import deadline_ms
+from ..engine.context import RunContext, current_run
+from ..engine.waits.flow_waits import deadline_ms, sleep_to
 from ..errors import PlanError, WaitError
 from ..records.wait_rows import ClockRecord
 from .cancel import CancelToken
@@ -106,25 +106,13 @@ def run_timer(ni: NodeInput) -> dict[str, int]:
 
 
 def _sleep_to(ctx: RunContext, node_id: str, due_at_ms: int, cancel: CancelToken) -> ClockRecord:
-    """``flow_waits.sleep_to`` that also stops when ``cancel`` fires: the run's interrupt wakes the wait at once,
-    the pass's token is looked at every ``ctx.poll_s`` (a clock waits on one event)."""
-    name = timer_name(node_id)
-    record = ctx.waits.schedule_clock(ctx.run_id, name, due_at_ms, ctx.owner).record
-    while record.pending:
-        ctx.raise_if_interrupted()
+    """``flow_waits.sleep_to`` on the node's clock, ended by ``TimerInterrupted`` when the pass is cancelled."""
+
+    def stop() -> None:
         if cancel.cancelled:
             raise TimerInterrupted(node_id, cancel.reason)
-        remaining = (record.due_at_ms - ctx.clock.now_ms()) / 1000
-        if remaining <= 0:
-            # Completed, or AlreadyCompleted by a driver's fire: either way the deadline has passed.
-            ctx.waits.complete_clock(record.flow, record.execution_id, record.name)
-            break
-        if remaining > ctx.budget_left_s:
-            raise ctx.parked(RunParked(ctx.run_id, "timer", name, due_at_ms=record.due_at_ms))
-        started = ctx.clock.monotonic()
-        ctx.clock.wait(ctx.interrupt, min(remaining, ctx.poll_s))
-        ctx.spend(ctx.clock.monotonic() - started)
-    return record
+
+    return sleep_to(ctx, timer_name(node_id), due_at_ms, stop)
 
 
 class TimerDispatcher:

@@ -135,13 +135,20 @@ def sleep_until(when: datetime | str, *, name: str | None = None) -> None:
     sleep_to(ctx, label, due)
 
 
-def sleep_to(ctx: RunContext, name: str, due_at_ms: int) -> ClockRecord:
+def sleep_to(
+    ctx: RunContext, name: str, due_at_ms: int, stop: Callable[[], None] | None = None
+) -> ClockRecord:
     """Schedule (or find) the clock ``name`` at ``due_at_ms`` and wait for it in-process or park; returns the clock
-    as scheduled (its ``due_at_ms`` is the stored one). The seam plan timer nodes use."""
+    as scheduled (its ``due_at_ms`` is the stored one). The seam plan timer nodes use.
+
+    ``stop``: called before each wait and at least every ``ctx.poll_s``; it raises to end the wait early (a plan
+    timer node's pass cancelled). The run's own interrupt always wakes the wait at once."""
     outcome = ctx.waits.schedule_clock(ctx.run_id, name, due_at_ms, ctx.owner)
     record = outcome.record
     while record.pending:
         ctx.raise_if_interrupted()
+        if stop is not None:
+            stop()
         remaining = (record.due_at_ms - ctx.clock.now_ms()) / 1000
         if remaining <= 0:
             # Completed, or AlreadyCompleted by a driver's fire: either way the deadline has passed.
@@ -150,7 +157,8 @@ def sleep_to(ctx: RunContext, name: str, due_at_ms: int) -> ClockRecord:
         if remaining > ctx.budget_left_s:
             raise ctx.parked(RunParked(ctx.run_id, "timer", name, due_at_ms=record.due_at_ms))
         started = ctx.clock.monotonic()
-        ctx.clock.wait(ctx.interrupt, remaining)
+        # A clock waits on one event (the interrupt): a stop check is looked at every poll.
+        ctx.clock.wait(ctx.interrupt, remaining if stop is None else min(remaining, ctx.poll_s))
         ctx.spend(ctx.clock.monotonic() - started)
     return record
 
