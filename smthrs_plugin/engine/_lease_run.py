@@ -192,7 +192,9 @@ class ActiveRun:
             context.interrupt_with("cancelled", at_ms=activated.cancel_requested_at_ms)
         # A request committed by THIS process is seen at once (journal records publish after commit); one from
         # another process at the next heartbeat.
-        self._sub = runs.journal.subscribe(self._on_record, partition=self.run_id)
+        self._sub = runs.journal.subscribe(
+            self._on_record, partition=self.run_id, types=("run-cancel-requested",)
+        )
         self._beat = Heartbeater(
             ownership, self.run_id, on_interrupt=self._on_interrupt, on_cancel=self._on_cancel
         ).start()

@@ -23,6 +23,7 @@ for 100,000 nodes that walk was most of compile's time (benchmarks/graph.py).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..canonical import KEY_PREFIX, canonical_bytes
 from .fileset import Glob, TreeArtifact
 from .model import Pending, Ref, Value
 
-__all__ = ["Slow", "text", "value", "effects", "plan_key", "digest_node", "digest"]
+__all__ = ["Slow", "text", "value", "effects", "plan_key", "dispatch_key", "digest_node", "digest"]
 
 _SAFE_INT = 2**53 - 1
 
@@ -184,20 +185,15 @@ def _input(inp: Any, upstream: Any, quoted: Any) -> str:
     return '{"digest":' + up + ',"kind":"digest","reference":"ref"}'
 
 
-def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
-    """``keys.plan_key(draft, upstream)``; ``quoted`` maps some node ids to the JSON text of ``upstream[id]``
-    (written once by the caller, reused by every dependent)."""
-    m = draft.material
-    inputs = m.inputs
-    if not inputs:
-        members = ""
-    else:
-        parts = [f'"{i}":' + _input(inp, upstream, quoted) for i, inp in enumerate(inputs)]
-        if len(parts) > 10:
-            # members order by key text ("10" before "2"); a quote sorts below every digit, so sorting the
-            # written members orders them by key
-            parts.sort()
-        members = ",".join(parts)
+def _members(parts: list[str]) -> str:
+    if len(parts) > 10:
+        # members order by key text ("10" before "2"); a quote sorts below every digit, so sorting the
+        # written members orders them by key
+        parts.sort()
+    return ",".join(parts)
+
+
+def _caps_layers(m: Any) -> tuple[str, str]:
     caps_in, layers_in = m.capabilities, m.layers
     caps = (
         '{"declared":[]}' if type(caps_in) is dict and not caps_in else value(m.normalized_capabilities(), 1)
@@ -206,11 +202,126 @@ def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
         layers = "[]"
     else:
         layers = "[" + ",".join([text(x) for x in m.normalized_layers()]) + "]"
+    return caps, layers
+
+
+#: Per draft (by id, checked through a weak reference): the text of its material body, capabilities and layers as
+#: its plan key last wrote them — compile and ``verify_plan`` (which every ``PlanScheduler.run`` calls first) key
+#: every node — so the dispatch key of the same draft reuses them instead of writing them again.
+_STATIC: dict[int, tuple[Any, str, str, str]] = {}
+_STATIC_MAX = 1 << 18  # bounds memory only: a miss writes the text again
+
+
+def _remember(draft: Any, body: str, caps: str, layers: str) -> None:
+    k = id(draft)
+
+    def forget(_ref: Any) -> None:
+        _STATIC.pop(k, None)
+
+    try:
+        ref = weakref.ref(draft, forget)
+    except TypeError:
+        return
+    if len(_STATIC) >= _STATIC_MAX:
+        _STATIC.clear()
+    _STATIC[k] = (ref, body, caps, layers)
+
+
+def _static(draft: Any, m: Any) -> tuple[str, str, str]:
+    """The body, capabilities and layers text of ``draft`` (remembered by its last plan key, else written now)."""
+    entry = _STATIC.get(id(draft))
+    if entry is not None and entry[0]() is draft:
+        return entry[1], entry[2], entry[3]
+    caps, layers = _caps_layers(m)
+    return _material_body(draft, m), caps, layers
+
+
+def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
+    """``keys.plan_key(draft, upstream)``; ``quoted`` maps some node ids to the JSON text of ``upstream[id]``
+    (written once by the caller, reused by every dependent)."""
+    m = draft.material
+    inputs = m.inputs
+    members = (
+        _members([f'"{i}":' + _input(inp, upstream, quoted) for i, inp in enumerate(inputs)])
+        if inputs
+        else ""
+    )
+    caps, layers = _caps_layers(m)
+    body = _material_body(draft, m)
+    _remember(draft, body, caps, layers)
     doc = (
         '{"body":'
-        + _material_body(draft, m)
+        + body
         + ',"capabilities":'
         + caps
+        + ',"inputs":{'
+        + members
+        + '},"kind":"content","layers":'
+        + layers
+        + "}"
+    )
+    return KEY_PREFIX + hashlib.sha256(doc.encode("utf-8")).hexdigest()
+
+
+_ORDERING_ONLY_INPUT = '{"digest":"ordering-only","kind":"digest","reference":"pending"}'
+
+
+def _dispatch_input(i: int, inp: Any, digests: Any) -> str:
+    # keys.dispatch_key's inputs: a literal as in the plan key, a Pending as an ordering-only digest, a Ref as the
+    # digest of its projected value (keys._digest_input)
+    t = type(inp)
+    if t is Value:
+        return '{"kind":"literal","value":' + value(inp.value, 3) + "}"
+    if t is Pending:
+        return _ORDERING_ONLY_INPUT
+    if t is not Ref:
+        raise Slow
+    digest = text(digests[i])
+    if inp.path:
+        return (
+            '{"digest":'
+            + digest
+            + ',"kind":"digest","path":'
+            + _path(inp.path)
+            + ',"reference":"ref-projected"}'
+        )
+    return '{"digest":' + digest + ',"kind":"digest","reference":"ref"}'
+
+
+def dispatch_key(
+    draft: Any,
+    digests: Any,
+    environment: str | None,
+    mode: str,
+    reads: list[tuple[str, str]],
+    removes: list[Any] | None,
+    writes: list[Any],
+) -> str:
+    """``keys.dispatch_key`` from the parts it computes: ``digests`` of the Ref inputs by index, the canonical
+    text of the environment as folded (``keys.environment_json``, written by :func:`value` at depth 1; ``None``
+    when absent) and the members of ``keys.hermetic_json`` (``reads`` the sorted, deduplicated ``(path,
+    digest)`` pairs; ``removes`` None when omitted)."""
+    m = draft.material
+    inputs = m.inputs
+    members = (
+        _members([f'"{i}":' + _dispatch_input(i, inp, digests) for i, inp in enumerate(inputs)])
+        if inputs
+        else ""
+    )
+    body, caps, layers = _static(draft, m)
+    read_set = ",".join(['{"digest":' + text(d) + ',"path":' + text(p) + "}" for p, d in reads])
+    hermetic = '{"boundaryMode":' + text(mode) + ',"readSet":[' + read_set + "]"
+    if removes is not None:
+        hermetic += ',"removes":' + value(removes, 2)
+    hermetic += ',"writeSet":' + (value(writes, 2) if writes else "[]") + "}"
+    doc = (
+        '{"body":'
+        + body
+        + ',"capabilities":'
+        + caps
+        + ("" if environment is None else ',"environment":' + environment)
+        + ',"hermetic":'
+        + hermetic
         + ',"inputs":{'
         + members
         + '},"kind":"content","layers":'

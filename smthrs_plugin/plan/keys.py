@@ -184,23 +184,35 @@ def hermetic_json(
     path then digest, duplicates once), ``writeSet`` (entries NFC-normalised, glob patterns as sets, ordered and
     deduplicated as the reference orders them), ``removes`` (a path set; omitted when empty) and
     ``boundaryMode``. Raises ``TypeError``/``ValueError``/``PlanError`` on a malformed pair or entry."""
+    reads = [{"path": p, "digest": d} for p, d in _read_pairs(read_set)]
+    out: dict[str, Any] = {"readSet": reads, "writeSet": _write_set(writes)}
+    removed = _removes(removes)
+    if removed is not None:
+        out["removes"] = removed
+    out["boundaryMode"] = boundary_mode
+    return out
+
+
+def _read_pairs(read_set: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The ``readSet`` of :func:`hermetic_json` as ``(path, digest)`` pairs, in order."""
     pairs: dict[tuple[str, str], None] = {}
     for pair in read_set:
         path, digest = pair
         if type(digest) is not str or not digest:
             raise ValueError(f"read-set entry {pair!r} has no digest string")
         pairs[(_nfc(normalize_path(path)), digest)] = None
-    reads = [
-        {"path": p, "digest": d} for p, d in sorted(pairs, key=lambda pd: (_utf16(pd[0]), _utf16(pd[1])))
-    ]
-    out: dict[str, Any] = {"readSet": reads, "writeSet": _write_set(writes)}
-    if removes:
-        if all(isinstance(r, str) for r in removes):
-            out["removes"] = sort_strings(removes)  # type: ignore[arg-type]
-        else:
-            out["removes"] = _write_set(removes)
-    out["boundaryMode"] = boundary_mode
-    return out
+    if len(pairs) < 2:
+        return list(pairs)
+    return sorted(pairs, key=lambda pd: (_utf16(pd[0]), _utf16(pd[1])))
+
+
+def _removes(removes: Sequence[PathEntry]) -> list[Any] | None:
+    """The ``removes`` member of :func:`hermetic_json` (None: omitted)."""
+    if not removes:
+        return None
+    if all(isinstance(r, str) for r in removes):
+        return sort_strings(removes)  # type: ignore[arg-type]
+    return _write_set(removes)
 
 
 # -------------------------------------------------------------------------------------------- plan key
@@ -376,13 +388,73 @@ def dispatch_key(
     measured ``(path, digest)`` pairs, globs already expanded. ``environment``: the scheduler's declared
     environment (plain JSON; :data:`ABSENT` omits it). ``writes``/``removes``/``boundary_mode`` default to the
     declaration's. ``memo`` caches input-value digests per ``(from, path)`` across nodes of one run. A non-sealed
-    node has no content key (``key_uncomputable``: it is keyed by :func:`run_local_key`)."""
+    node has no content key (``key_uncomputable``: it is keyed by :func:`run_local_key`).
+
+    The key is written by composition (``_canon.dispatch_key``: a scheduler keys every node it dispatches, and a
+    generic walk of the whole document was most of that); :func:`_dispatch_key_reference` is its definition and
+    the only path a refusal is raised from."""
     if draft.material.tier != "sealed":
         raise _uncomputable(
             draft,
             f"it is {draft.material.tier!r}; only sealed work is keyed by content (a compensable or irreversible "
             "node is keyed run-locally, run_local_key)",
         )
+    digests = _ref_digests(draft, ref_values, memo)
+    if type(read_set) is not tuple and type(read_set) is not list:
+        read_set = tuple(read_set)  # read twice when the composed path declines
+    try:
+        w = draft.effects.writes if writes is None else flatten(writes)
+        r = draft.effects.removes if removes is None else flatten(removes)
+        mode = draft.effects.boundary_mode if boundary_mode is None else boundary_mode
+        if mode in ("hard", "expected"):
+            env = None if environment is ABSENT else _canon.value(environment_json(environment), 1)
+            return _canon.dispatch_key(
+                draft, digests, env, mode, _read_pairs(read_set), _removes(r), _write_set(w)
+            )
+    except Exception:
+        pass  # not swallowed: the reference path returns the same key, or raises the refusal itself
+    return _dispatch_key_reference(
+        draft, digests, read_set, environment, writes=writes, removes=removes, boundary_mode=boundary_mode
+    )
+
+
+def _ref_digests(
+    draft: NodeDraft,
+    ref_values: Mapping[int, Any],
+    memo: MutableMapping[tuple[str, tuple[str, ...]], str] | None,
+) -> dict[int, str]:
+    """The input-value digest of every Ref input by index (memoised per ``(from, path)`` in ``memo``)."""
+    out: dict[int, str] = {}
+    for i, inp in enumerate(draft.material.inputs):
+        if isinstance(inp, (Value, Pending)):
+            continue
+        if i not in ref_values:
+            raise _uncomputable(draft, f"no projected value was supplied for Ref input #{i} ({inp.from_!r})")
+        mk = (inp.from_, inp.path)
+        digest = memo.get(mk) if memo is not None else None
+        if digest is None:
+            try:
+                digest = input_value_digest(ref_values[i])
+            except CanonicalError as exc:
+                raise _uncomputable(draft, f"Ref input #{i} value: {exc.message}", exc) from exc
+            if memo is not None:
+                memo[mk] = digest
+        out[i] = digest
+    return out
+
+
+def _dispatch_key_reference(
+    draft: NodeDraft,
+    digests: Mapping[int, str],
+    read_set: Iterable[tuple[str, str]],
+    environment: Any,
+    *,
+    writes: Iterable[EntryInput] | None,
+    removes: Iterable[EntryInput] | None,
+    boundary_mode: str | None,
+) -> str:
+    # The generic construction: the whole content document walked and encoded by canonical.key. It is the
+    # definition _canon.dispatch_key must equal, and the path every refusal is raised from.
     inputs: dict[str, Any] = {}
     for i, inp in enumerate(draft.material.inputs):
         if isinstance(inp, Value):
@@ -390,20 +462,7 @@ def dispatch_key(
         elif isinstance(inp, Pending):
             inputs[str(i)] = _digest_input(ORDERING_ONLY, inp)
         else:
-            if i not in ref_values:
-                raise _uncomputable(
-                    draft, f"no projected value was supplied for Ref input #{i} ({inp.from_!r})"
-                )
-            mk = (inp.from_, inp.path)
-            digest = memo.get(mk) if memo is not None else None
-            if digest is None:
-                try:
-                    digest = input_value_digest(ref_values[i])
-                except CanonicalError as exc:
-                    raise _uncomputable(draft, f"Ref input #{i} value: {exc.message}", exc) from exc
-                if memo is not None:
-                    memo[mk] = digest
-            inputs[str(i)] = _digest_input(digest, inp)
+            inputs[str(i)] = _digest_input(digests[i], inp)
     try:
         w = draft.effects.writes if writes is None else flatten(writes)
         r = draft.effects.removes if removes is None else flatten(removes)

@@ -10,6 +10,9 @@ Invariants:
   inside its transaction; an attempt moves ``started → completed | failed`` exactly once.
 - Every write is FENCED: it asserts, inside its transaction, that the writer still owns the running run, so a
   zombie owner (stalled, then resumed after a steal) can neither start nor settle an attempt.
+- In a transaction that allows deferred writes (``Database.allow_deferred``: the scheduler's group commits) a
+  begun row is written with the others of that transaction by one statement, settled already when its settlement
+  came in the same transaction; every other statement of this module writes the deferred rows first.
 - :meth:`AttemptStore.latest_completed` is what a scheduler replays after a restart: the completed attempt with
   the highest number for (run, key). Reads decode JSON themselves: list reads skip an undecodable row with one
   warning naming its key; point reads fail with ``decode_failed``.
@@ -111,6 +114,40 @@ _SETTLE_STARTED = DriverStatement(
 )
 
 
+#: Insert a row in any state, from the parameters :class:`_Begun` collected.
+_INSERT_ROW = DriverStatement(
+    sa.insert(attempts).values(
+        run_id=sa.bindparam("b_run_id", type_=sa.Text),
+        key_digest=sa.bindparam("b_digest", type_=sa.Text),
+        key=sa.bindparam("b_key", type_=sa.Text),
+        attempt=sa.bindparam("b_attempt", type_=sa.Integer),
+        state=sa.bindparam("v_state", type_=sa.Text),
+        node_id=sa.bindparam("b_node_id", type_=sa.Text),
+        owner_nonce=sa.bindparam("b_nonce", type_=sa.Text),
+        meta_json=sa.bindparam("b_meta", type_=sa.Text),
+        started_at_ms=sa.bindparam("b_now", type_=sa.BigInteger),
+        finished_at_ms=sa.bindparam("v_finished", type_=sa.BigInteger),
+        result_json=sa.bindparam("v_result", type_=sa.Text),
+        error_json=sa.bindparam("v_error", type_=sa.Text),
+    )
+)
+
+
+class _Begun:
+    """Attempts begun in one transaction that allows deferred writes (:meth:`Database.deferred`), not written yet:
+    a settlement in the same transaction settles the row here, and the rows are written together, in begin order,
+    by one statement before any other statement on ``attempts`` (or the commit)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+    def flush(self, conn: Connection) -> None:
+        rows, self.rows = self.rows, {}
+        _INSERT_ROW.many(conn, list(rows.values()))
+
+
 class AttemptStore:
     """Fenced attempt lifecycle over the ``attempts`` table."""
 
@@ -167,24 +204,60 @@ class AttemptStore:
         which numbers its attempts itself from the rows it read at the start of its pass, so a job can know its
         row before this commits; a number already taken is refused by the primary key (``StoreError``), never
         reused."""
-        digest = _digest(key)
-        if type(attempt) is not int or attempt < 1:
-            raise StoreError("invalid_argument", f"attempt must be a positive int, got {attempt!r}")
-        meta_json = json_text("meta", meta)
+        digest = _begin_digest(key, attempt)
+        return self._begin_at(conn, run_id, owner, key, digest, attempt, node_id, json_text("meta", meta))
+
+    def begin_text_in(
+        self,
+        conn: Connection,
+        run_id: str,
+        owner: OwnerId,
+        key: str,
+        *,
+        attempt: int,
+        node_id: str | None,
+        meta_json: str | None,
+    ) -> AttemptStarted:
+        """:meth:`begin_in` with the ``meta`` column already written as canonical JSON text by the caller (it MUST
+        be ``canonical_bytes(meta).decode()`` of plain JSON data, or None): for the scheduler, which writes the
+        meta of every attempt it begins from parts it validated once."""
+        digest = _begin_digest(key, attempt)
+        return self._begin_at(conn, run_id, owner, key, digest, attempt, node_id, meta_json)
+
+    def _begin_at(
+        self,
+        conn: Connection,
+        run_id: str,
+        owner: OwnerId,
+        key: str,
+        digest: str,
+        attempt: int,
+        node_id: str | None,
+        meta_json: str | None,
+    ) -> AttemptStarted:
         assert_owner(conn, run_id, owner)
-        _BEGIN_AT.rowcount(
-            conn,
-            {
-                "b_run_id": run_id,
-                "b_digest": digest,
-                "b_key": key,
-                "b_attempt": attempt,
-                "b_node_id": node_id,
-                "b_nonce": owner.nonce,
-                "b_meta": meta_json,
-                "b_now": self.clock.now_ms(),
-            },
-        )
+        params = {
+            "b_run_id": run_id,
+            "b_digest": digest,
+            "b_key": key,
+            "b_attempt": attempt,
+            "b_node_id": node_id,
+            "b_nonce": owner.nonce,
+            "b_meta": meta_json,
+            "b_now": self.clock.now_ms(),
+        }
+        begun = self.db.deferred(_Begun, _Begun)
+        if begun is not None and (run_id, digest, attempt) not in begun.rows:
+            begun.rows[(run_id, digest, attempt)] = {
+                **params,
+                "v_state": "started",
+                "v_finished": None,
+                "v_result": None,
+                "v_error": None,
+            }
+            return AttemptStarted(run_id, digest, attempt)
+        self.db.flush_deferred()  # a number begun twice is refused by the primary key, as always
+        _BEGIN_AT.rowcount(conn, params)
         return AttemptStarted(run_id, digest, attempt)
 
     def complete_in(
@@ -192,6 +265,24 @@ class AttemptStore:
     ) -> AttemptCompleted:
         """:meth:`complete` inside the caller's write transaction ``conn`` (fenced there), in one statement."""
         values = {"v_result": json_text("result", result), "v_error": None, "v_meta": json_text("meta", meta)}
+        return AttemptCompleted(
+            run_id, self._settle_in(conn, run_id, owner, key, attempt, "completed", values), attempt
+        )
+
+    def complete_text_in(
+        self,
+        conn: Connection,
+        run_id: str,
+        owner: OwnerId,
+        key: str,
+        attempt: int,
+        *,
+        result_json: str | None,
+        meta_json: str | None,
+    ) -> AttemptCompleted:
+        """:meth:`complete_in` with ``result`` and ``meta`` already written as canonical JSON text by the caller
+        (each MUST be ``canonical_bytes(value).decode()`` of plain JSON data, or None for a None value)."""
+        values = {"v_result": result_json, "v_error": None, "v_meta": meta_json}
         return AttemptCompleted(
             run_id, self._settle_in(conn, run_id, owner, key, attempt, "completed", values), attempt
         )
@@ -218,8 +309,24 @@ class AttemptStore:
         """Settle on ``conn``; returns the key digest (or refuses: never begun, already settled)."""
         digest = _digest(key)
         assert_owner(conn, run_id, owner)
+        now = self.clock.now_ms()
+        begun = self.db.deferred(_Begun, _Begun)
+        row = None if begun is None else begun.rows.get((run_id, digest, attempt))
+        if row is not None and row["v_state"] == "started":
+            # Begun in this transaction and not written yet: the row is written settled, exactly what the insert
+            # followed by the update below would leave.
+            row["v_state"], row["v_finished"] = state, now
+            # The update's coalesce(new, old) of each JSON column.
+            if values["v_result"] is not None:
+                row["v_result"] = values["v_result"]
+            if values["v_error"] is not None:
+                row["v_error"] = values["v_error"]
+            if values["v_meta"] is not None:
+                row["b_meta"] = values["v_meta"]
+            return digest
+        self.db.flush_deferred()
         params = {"b_run_id": run_id, "b_digest": digest, "b_attempt": attempt, "v_state": state}
-        params.update(values, v_now=self.clock.now_ms())
+        params.update(values, v_now=now)
         if _SETTLE_STARTED.rowcount(conn, params) == 1:
             return digest
         a = attempts.c
@@ -266,6 +373,7 @@ class AttemptStore:
         ``started``). Returns the rows it settled, ordered by (key digest, attempt), as they are now."""
         error_json = json_text("error", error)
         assert_owner(conn, run_id, owner)
+        self.db.flush_deferred()
         a = attempts.c
         still = sa.and_(a.run_id == run_id, a.owner_nonce == owner.nonce, a.state == "started")
         rows = conn.execute(sa.select(attempts).where(still).order_by(a.key_digest, a.attempt)).all()
@@ -291,6 +399,7 @@ class AttemptStore:
     def state_in(self, conn: Connection, run_id: str, key: str, attempt: int) -> str | None:
         """The state of attempt ``attempt`` of ``key`` in ``run_id`` on ``conn`` (None when never begun): what a
         cleanup re-checks inside its transaction before settling an attempt it thinks is still open."""
+        self.db.flush_deferred()
         a = attempts.c
         return conn.execute(
             sa.select(a.state).where(
@@ -301,6 +410,7 @@ class AttemptStore:
     def latest_completed(self, run_id: str, key: str) -> AttemptRecord | None:
         """The highest-numbered completed attempt of ``key`` in ``run_id`` (what a restarted owner replays)."""
         digest = _digest(key)
+        self.db.flush_deferred()
         a = attempts.c
         q = (
             sa.select(attempts)
@@ -322,6 +432,7 @@ class AttemptStore:
 
     def list(self, run_id: str) -> builtins.list[AttemptRecord]:
         """Every attempt of ``run_id`` by (key_digest, attempt); undecodable rows skipped with one warning each."""
+        self.db.flush_deferred()
         a = attempts.c
         q = sa.select(attempts).where(a.run_id == run_id).order_by(a.key_digest, a.attempt)
         out: builtins.list[AttemptRecord] = []
@@ -334,6 +445,13 @@ class AttemptStore:
                     row.run_id, row.key_digest, row.attempt, exc,
                 )  # fmt: skip
         return out
+
+
+def _begin_digest(key: str, attempt: Any) -> str:
+    digest = _digest(key)
+    if type(attempt) is not int or attempt < 1:
+        raise StoreError("invalid_argument", f"attempt must be a positive int, got {attempt!r}")
+    return digest
 
 
 def _digest(key: str) -> str:

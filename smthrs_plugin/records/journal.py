@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -110,8 +111,20 @@ AppendOutcome = Appended | Duplicate
 class Subscription:
     """Handle of an in-process subscriber; :meth:`close` stops delivery."""
 
-    def __init__(self, hub: _Hub, fn: Callable[[JournalEvent], None], partition: str | None) -> None:
-        self._hub, self.fn, self.partition = hub, fn, partition
+    def __init__(
+        self,
+        hub: _Hub,
+        fn: Callable[[JournalEvent], None],
+        partition: str | None,
+        types: frozenset[str] | None = None,
+    ) -> None:
+        self._hub, self.fn, self.partition, self.types = hub, fn, partition, types
+
+    def wants(self, partition: str, type: str) -> bool:
+        """Whether a record of ``type`` in ``partition`` is delivered to this subscriber."""
+        return (self.partition is None or self.partition == partition) and (
+            self.types is None or type in self.types
+        )
 
     def close(self) -> None:
         self._hub.remove(self)
@@ -138,9 +151,23 @@ class _Hub:
         with self._lock:
             self._subs = tuple(s for s in self._subs if s is not sub)
 
+    def wanted(self, partition: str, type: str) -> bool:
+        """Whether a subscriber wants records of ``type`` in ``partition`` now."""
+        return any(sub.wants(partition, type) for sub in self._subs)
+
+    def publish_text(
+        self, partition: str, seq: int, type: str, payload_json: str, created_at_ms: int
+    ) -> None:
+        """:meth:`publish` a record committed as text, decoded only when a subscriber wants it (most records of a
+        busy scheduler have nobody to tell, and decoding each was a measurable share of its work)."""
+        for sub in self._subs:
+            if sub.wants(partition, type):
+                self.publish(JournalEvent(partition, seq, type, json.loads(payload_json), created_at_ms))
+                return
+
     def publish(self, event: JournalEvent) -> None:
         for sub in self._subs:
-            if sub.partition is None or sub.partition == event.partition:
+            if sub.wants(event.partition, event.type):
                 try:
                     sub.fn(event)
                 except Exception:
@@ -158,22 +185,21 @@ _BY_ADDRESS = DriverStatement(
 )
 # The next sequence is allocated and the record inserted in ONE statement (one round trip), inside the
 # writer's serialized transaction: max(seq) + 1 of the partition, 0 for a new one.
-_INSERT_NEXT = DriverStatement(
-    sa.insert(journal_events)
-    .from_select(
-        ["partition", "seq", "source_id", "source_seq", "type", "payload_json", "created_at_ms"],
-        sa.select(
-            sa.bindparam("b_partition", type_=sa.Text),
-            sa.func.coalesce(sa.func.max(_J.seq), -1) + 1,
-            sa.bindparam("b_source_id", type_=sa.Text),
-            sa.bindparam("b_source_seq", type_=sa.BigInteger),
-            sa.bindparam("b_type", type_=sa.Text),
-            sa.bindparam("b_payload", type_=sa.Text),
-            sa.bindparam("b_now", type_=sa.BigInteger),
-        ).where(_J.partition == sa.bindparam("b_partition", type_=sa.Text)),
-    )
-    .returning(_J.seq)
+_APPEND = sa.insert(journal_events).from_select(
+    ["partition", "seq", "source_id", "source_seq", "type", "payload_json", "created_at_ms"],
+    sa.select(
+        sa.bindparam("b_partition", type_=sa.Text),
+        sa.func.coalesce(sa.func.max(_J.seq), -1) + 1,
+        sa.bindparam("b_source_id", type_=sa.Text),
+        sa.bindparam("b_source_seq", type_=sa.BigInteger),
+        sa.bindparam("b_type", type_=sa.Text),
+        sa.bindparam("b_payload", type_=sa.Text),
+        sa.bindparam("b_now", type_=sa.BigInteger),
+    ).where(_J.partition == sa.bindparam("b_partition", type_=sa.Text)),
 )
+_INSERT_NEXT = DriverStatement(_APPEND.returning(_J.seq))
+#: The same, once per record of a batch (``executemany``: each row sees the rows inserted before it).
+_APPEND_NEXT = DriverStatement(_APPEND)
 
 
 @dataclass(frozen=True)
@@ -219,6 +245,83 @@ def record_cte(source: sa.CTE, name: str = "journaled") -> sa.CTE:
         .returning(_J.seq)
         .cte(name)
     )
+
+
+#: Insert one record at a sequence allocated by :class:`_Appends` (one statement per partition and flush).
+_INSERT_AT = DriverStatement(
+    sa.insert(journal_events).values(
+        partition=sa.bindparam("b_partition", type_=sa.Text),
+        seq=sa.bindparam("b_seq", type_=sa.BigInteger),
+        source_id=None,
+        source_seq=None,
+        type=sa.bindparam("b_type", type_=sa.Text),
+        payload_json=sa.bindparam("b_payload", type_=sa.Text),
+        created_at_ms=sa.bindparam("b_now", type_=sa.BigInteger),
+    )
+)
+_NEXT_SEQ = DriverStatement(
+    sa.select(sa.func.coalesce(sa.func.max(_J.seq), -1) + 1).where(
+        _J.partition == sa.bindparam("b_partition", type_=sa.Text)
+    )
+)
+
+
+class _Appends:
+    """The records :meth:`Journal.append_canonical_in` deferred in one transaction (:meth:`Database.deferred`),
+    in append order, inserted by one statement (``executemany``), so each gets exactly the sequence it would have
+    got appended alone (``max(seq) + 1`` in the writer's serialized transaction). The sequences are read back
+    only when a subscriber of this process wants one of the records (one read per partition); the subscribers
+    asked are the ones subscribed when the transaction writes them, just before its commit."""
+
+    __slots__ = ("db", "records")
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.records: list[tuple[_Hub, str, str, str, int]] = []
+
+    def flush(self, conn: Connection) -> None:
+        records, self.records = self.records, []
+        if not records:
+            return
+        if not any(hub.wanted(partition, type) for hub, partition, type, _, _ in records):
+            _APPEND_NEXT.many(
+                conn,
+                [
+                    {
+                        "b_partition": p,
+                        "b_source_id": None,
+                        "b_source_seq": None,
+                        "b_type": t,
+                        "b_payload": j,
+                        "b_now": n,
+                    }
+                    for _, p, t, j, n in records
+                ],
+            )
+            return
+        heads: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        published = []
+        for hub, partition, type, payload_json, now in records:
+            seq = heads.get(partition)
+            if seq is None:
+                head = _NEXT_SEQ.first(conn, {"b_partition": partition})
+                assert head is not None  # an aggregate always yields one row
+                seq = int(head[0])
+            heads[partition] = seq + 1
+            rows.append(
+                {
+                    "b_partition": partition,
+                    "b_seq": seq,
+                    "b_type": type,
+                    "b_payload": payload_json,
+                    "b_now": now,
+                }
+            )
+            published.append(partial(hub.publish_text, partition, seq, type, payload_json, now))
+        _INSERT_AT.many(conn, rows)
+        for callback in published:
+            self.db.on_commit(callback)
 
 
 _HUBS: dict[str, _Hub] = {}
@@ -294,6 +397,42 @@ class Journal:
         payload_json = _validate(partition, type, payload, source_id, source_seq)
         return self._append(conn, partition, type, payload_json, source_id, source_seq)
 
+    def append_canonical_in(self, conn: Connection, partition: str, type: str, payload_json: str) -> None:
+        """Append a record whose payload the caller already wrote as canonical JSON text, on ``conn`` (the
+        connection of an open :meth:`Database.write` of this database on this thread).
+
+        For hot writers whose payloads are composed from parts validated once where they entered (the scheduler:
+        ids checked when the plan compiled, keys it computed, ints): ``payload_json`` MUST equal
+        ``canonical_bytes(payload).decode()`` of the plain JSON payload it stands for, which is what readers
+        decode. The partition and type are checked as :meth:`append` checks them; the payload is not walked
+        again. No idempotency address; subscribers are notified after the outermost commit, as for every
+        append. Where the transaction allows deferred writes (:meth:`Database.allow_deferred`) the record is
+        inserted with the others of its transaction, one statement per partition, before any other statement on
+        the journal (sequences are allocated then, in append order)."""
+        if _text_invalid(partition) or _text_invalid(type):
+            _validate(partition, type, None, None, None)  # raises the refusal append() gives
+        now = self.clock.now_ms()
+        db = self.db
+        appends = db.deferred(_Appends, lambda: _Appends(db))
+        if appends is not None:
+            appends.records.append((self._hub, partition, type, payload_json, now))
+            return
+        inserted = _INSERT_NEXT.first(
+            conn,
+            {
+                "b_partition": partition,
+                "b_source_id": None,
+                "b_source_seq": None,
+                "b_type": type,
+                "b_payload": payload_json,
+                "b_now": now,
+            },
+        )
+        assert inserted is not None  # INSERT ... SELECT of an aggregate always yields one row
+        self.db.on_commit(
+            partial(self._hub.publish_text, partition, int(inserted.seq), type, payload_json, now)
+        )
+
     def _append(
         self,
         conn: Connection,
@@ -303,6 +442,7 @@ class Journal:
         source_id: str | None,
         source_seq: int | None,
     ) -> AppendOutcome:
+        self.db.flush_deferred()  # records appended before this one take their sequences first
         if source_id is not None:
             row = _BY_ADDRESS.first(
                 conn, {"b_partition": partition, "b_source_id": source_id, "b_source_seq": source_seq}
@@ -349,6 +489,7 @@ class Journal:
             )
         if after_seq is not None and (not isinstance(after_seq, int) or isinstance(after_seq, bool)):
             raise StoreError("invalid_argument", f"after_seq must be an int or None, got {after_seq!r}")
+        self.db.flush_deferred()
         j = journal_events
         q = sa.select(j).where(j.c.partition == partition)
         if after_seq is not None:
@@ -367,22 +508,36 @@ class Journal:
 
     def high_water(self, partition: str) -> int | None:
         """The highest committed sequence of ``partition`` (None when empty)."""
+        self.db.flush_deferred()
         j = journal_events
         return self.db.read(
             lambda c: c.execute(sa.select(sa.func.max(j.c.seq)).where(j.c.partition == partition)).scalar()
         )
 
-    def subscribe(self, fn: Callable[[JournalEvent], None], *, partition: str | None = None) -> Subscription:
-        """Call ``fn(event)`` for every record committed by this process (of ``partition`` when given), after its
-        transaction commits. Runs on the committing thread: keep ``fn`` short (hand off to a queue)."""
-        sub = Subscription(self._hub, fn, partition)
+    def subscribe(
+        self,
+        fn: Callable[[JournalEvent], None],
+        *,
+        partition: str | None = None,
+        types: Iterable[str] | None = None,
+    ) -> Subscription:
+        """Call ``fn(event)`` for every record committed by this process (of ``partition`` when given, of one of
+        ``types`` when given), after its transaction commits. Runs on the committing thread: keep ``fn`` short
+        (hand off to a queue)."""
+        sub = Subscription(self._hub, fn, partition, None if types is None else frozenset(types))
         self._hub.add(sub)
         return sub
 
 
+def _text_invalid(value: Any) -> bool:
+    """Whether ``value`` is NOT an acceptable partition or record type (a non-empty str of at most 1,024
+    characters without NUL)."""
+    return not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value
+
+
 def _validate(partition: Any, type: Any, payload: Any, source_id: Any, source_seq: Any) -> str:
     for name, value in (("partition", partition), ("type", type)):
-        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or "\x00" in value:
+        if _text_invalid(value):
             raise StoreError(
                 "invalid_argument",
                 f"journal {name} must be a non-empty string of at most {_MAX_TEXT} characters",

@@ -42,6 +42,7 @@ __all__ = [
     "RunUpdate",
     "OWNED",
     "FenceRow",
+    "Guard",
 ]
 
 _r = runs.c
@@ -170,19 +171,35 @@ def update_run(conn: Connection, run_id: str, values: dict[str, Any]) -> int:
     return int(conn.execute(_UPDATE_RUN, {"b_run_id": run_id, **values}).rowcount)
 
 
-_BUMPS: dict[tuple[tuple[str, ...], bool, bool], RunUpdate] = {}
+_BUMPS: dict[tuple[tuple[str, ...], bool, bool, str | None], RunUpdate] = {}
 
 
-def _bump_for(columns: tuple[str, ...], fenced: bool, observed: bool) -> RunUpdate:
-    k = (columns, fenced, observed)
+@dataclass(frozen=True)
+class Guard:
+    """An extra condition a one-statement journaled transition must also meet (:func:`bump_run_journaled`): a
+    boolean clause over the run row and bind parameters, built once by its owner and named for the statement cache.
+    When it does not hold, nothing is written and the caller takes its transaction path, which decides and
+    journals the case the guard excluded (e.g. a park that must wake at once)."""
+
+    name: str
+    clause: sa.ColumnElement[bool]
+
+
+def _bump_for(
+    columns: tuple[str, ...], fenced: bool, observed: bool, guard: Guard | None = None
+) -> RunUpdate:
+    k = (columns, fenced, observed, None if guard is None else guard.name)
     u = _BUMPS.get(k)
     if u is None:
         if "revision" in columns:
             raise StoreError("invalid_argument", "bump_run sets the revision itself; do not pass one")
+        conds = [
+            c for c in (OWNED if fenced else None, None if guard is None else guard.clause) if c is not None
+        ]
         # A racing thread may build the same statement too; either copy is equivalent.
         u = _BUMPS[k] = RunUpdate(
             {c: sa.bindparam("v_" + c, type_=runs.c[c].type) for c in columns},
-            where=OWNED if fenced else None,
+            where=sa.and_(*conds) if conds else None,
             returning=OBSERVED_COLUMNS if observed else (),
             journaled=observed,
         )
@@ -247,28 +264,38 @@ def bump_run_journaled(
     run_id: str,
     values: dict[str, Any],
     *,
-    owner: OwnerId,
+    owner: OwnerId | None,
     journal: Journal,
     type: str,
-    payload: Callable[[dict[str, Any]], dict[str, Any]],
+    payload: Callable[[Any, dict[str, Any]], dict[str, Any] | None],
+    guard: Guard | None = None,
+    guard_params: Mapping[str, Any] | None = None,
 ) -> tuple[int, Appended] | None:
-    """The fenced transition of :func:`bump_run_observed` AND its journal record ``type`` (``payload(fact)``)
-    as ONE statement sent alone (PostgreSQL, outside an open write): one round trip for the whole transition.
+    """The transition of :func:`bump_run_observed` (fenced on ``owner``; unfenced with None) AND its journal
+    record ``type`` as ONE statement sent alone (PostgreSQL, outside an open write): one round trip for the whole
+    transition. ``payload(seen, fact)`` builds the record from the hinted row as it was and the fact after it (None:
+    the hint does not make one; take the transaction path).
 
     The fact is computed from this process's hint of the row (:func:`remember_observed`) with ``values``
-    applied; the statement matches only while the row is exactly that hint and owned by ``owner``. Returns
-    ``(revision, appended)``, or None (nothing written) when there is no hint, the row moved, the fence does not
-    hold, or the database is SQLite (one round trip buys nothing there): then run the transaction path, which
-    decides and raises exactly as before."""
+    applied; the statement matches only while the row is exactly that hint, owned by ``owner`` when given, and
+    ``guard`` (with its ``guard_params``) holds. Returns ``(revision, appended)``, or None (nothing written) when
+    there is no hint, the row moved, the fence or the guard does not hold, or the database is SQLite (one round
+    trip buys nothing there): then run the transaction path, which decides and raises exactly as before."""
     if db.dialect != "postgresql" or db.in_write():
         return None
     seen = _HINTS.get((db.url, run_id))
     if seen is None:
         return None
     after = seen._replace(**{k: v for k, v in values.items() if k in _OBSERVED_KEYS})
-    record = journal.encode(run_id, type, payload(fact_of(after)))
-    update = _bump_for(tuple(values), True, True)
-    row = update.write_journaled(db, _bump_params(run_id, values, owner), seen, record)
+    body = payload(seen, fact_of(after))
+    if body is None:
+        return None
+    record = journal.encode(run_id, type, body)
+    update = _bump_for(tuple(values), owner is not None, True, guard)
+    params = _bump_params(run_id, values, owner)
+    if guard_params:
+        params.update(guard_params)
+    row = update.write_journaled(db, params, seen, record)
     if row is None:
         _HINTS.pop((db.url, run_id), None)
         return None
@@ -316,7 +343,13 @@ def assert_owner(conn: Connection, run_id: str, owner: OwnerId, *, terminal: boo
 
     With ``terminal=True`` also refuse when a cancellation was requested (code ``cancel_requested``)."""
     block = getattr(_BLOCK, "fence", None)
-    if block is not None and not terminal and block[0] is conn and block[1] == run_id and block[2] == owner:
+    if (
+        block is not None
+        and not terminal
+        and block[0] is conn
+        and block[1] == run_id
+        and (block[2] is owner or block[2] == owner)
+    ):
         return block[3]  # type: ignore[no-any-return]
     row = _FENCE_ROW.first(conn, {"b_run_id": run_id})
     if row is None:

@@ -1,85 +1,159 @@
-"""The coordinator's commit queue: settlements of in-process jobs commit in the coordinator's own transaction.
+"""The pass's commit pipeline: the coordinator's writes and the settlements of its in-process jobs share commits.
 
 Why: a node's settlement (its attempt row, ``attempt-finished``, ``node-settled``, the local cache row) and the
 coordinator's own writes (attempt rows of the next admitted nodes, settlements it decided) used to commit apart,
-one transaction each — two or more fsynced commits per node, queueing on SQLite's single write lock. Here a job
-running in this process hands its settle transaction to the coordinator and waits; the coordinator commits every
-settlement queued so far together with its own buffered writes in ONE transaction per scheduling step (group
-commit, with the coordinator as the leader).
+one transaction each — two or more fsynced commits per node, queueing on SQLite's single write lock. Here every
+write of the pass goes through ONE first-in-first-out queue, and whoever arrives while no commit is in flight
+leads: it takes everything queued so far (the coordinator's buffered writes and the settlements queued
+meanwhile), runs it in ONE fenced transaction and commits once (leader/follower group commit). A job that queues
+its settlement waits for the commit that holds it; the coordinator hands its writes over without waiting
+(:meth:`CommitQueue.push`), so it prepares and dispatches the next nodes while a job's thread is inside the fsync
+of the last commit, and it learns each job's outcome from the committed settlement itself
+(:meth:`CommitQueue.wait`), not from the job's thread returning afterwards.
 
 Invariants
-- **Each settlement stays atomic.** Queued functions run one after another in the coordinator's transaction;
-  if one raises, that transaction rolls back whole and runs again with each function in its own savepoint (a
-  savepoint per settlement costs more than the settlement: it is paid only when one fails). There, one that
-  raises rolls back alone and its job receives exactly that exception (as a lone transaction would have raised
-  it); the others commit. If the transaction as a whole fails (a lost fence, a storage error), every job queued
-  in it receives that error and nothing of it committed.
-- **Nothing is reported before it is durable.** A job is released only after the commit holding its settlement;
-  the coordinator learns a node's outcome from the job's return, which comes after that release.
-- **No deadlock.** A commit asked for on the coordinator's own thread (an inline host) runs at once on that
-  thread, and after :meth:`close` (the coordinator stops serving: an abort) queued and later commits run on the
-  job's own thread as ordinary group-committed writes.
+- **Order.** Writes commit in the order they were queued; a group is a prefix of the queue. The coordinator
+  pushes the begin of a pipelined job before it submits that job, so the job's settlement always follows its
+  attempt row.
+- **Each settlement stays atomic.** Queued functions run one after another in the group's transaction; if one
+  raises, that transaction rolls back whole and runs again with each settlement in its own savepoint (a savepoint
+  per settlement costs more than the settlement: it is paid only when one fails). There, one that raises rolls back
+  alone and its job receives exactly that exception (as a lone transaction would have raised it); the others, and
+  the coordinator's writes, commit. If the transaction as a whole fails (a lost fence, a storage error, a
+  coordinator write refused), every job queued in it receives that error, the coordinator receives it from its next
+  :meth:`CommitQueue.wait` or :meth:`CommitQueue.drive`, and nothing of it committed.
+- **Nothing is reported before it is durable.** A job is released, and the coordinator told its outcome, only
+  after the commit holding its settlement; ``on_commit`` callbacks (journal subscribers) run after that commit on
+  the leader's thread.
+- **Progress without deadlock.** A job that queues while no commit is in flight leads; a leader hands the lead to
+  the first job still queued, or gives it up, under the lock that queues writes. The coordinator's writes never
+  make a commit of their own unless it asks for their durability (:meth:`CommitQueue.drive`: it then leads when
+  nobody does). A commit asked for on the coordinator's own thread (an inline host) runs at once on that thread.
+  After :meth:`CommitQueue.close` (an abort) queued and later settlements run on the job's own thread as
+  ordinary group-committed writes, and queued coordinator writes are dropped (an abort discards them);
+  :meth:`CommitQueue.hold` (what an interrupt does first) waits out the commit in flight and commits nothing
+  more, so the attempts it then marks ``failed`` can neither begin nor settle behind its back.
 - Jobs in other processes never see this queue (it does not pickle); they commit themselves, fenced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
+from ..errors import SchedulerError
+from ..records.run_fence import fenced_block
+from ..records.runs import OwnerId
 from ..stores.database import Database
 from ..stores.dberrors import RETRY_SQLSTATES, sqlstate, store_error
 
-__all__ = ["CommitQueue"]
+__all__ = ["CommitQueue", "Events", "Written"]
 
 T = TypeVar("T")
 Write = Callable[[Connection], Any]
-#: Set on the thread running a settlement this queue routed (:meth:`CommitQueue.serving`).
+#: Set on the thread running a settlement this queue routed (:meth:`CommitQueue.serving`), with the entry it runs.
 _SERVING = threading.local()
 
 
-class _Queued:
-    __slots__ = ("fn", "event", "state", "result", "error")
+class _Entry:
+    """One queued unit: a job's settlement (``fn``, its job waits on ``event``) or a batch of the coordinator's
+    writes (``writes``; nobody waits on it but the coordinator, through the queue's condition)."""
 
-    def __init__(self, fn: Write) -> None:
+    __slots__ = ("fn", "writes", "event", "state", "result", "error", "outcome", "tags")
+
+    def __init__(self, fn: Write | None, writes: list[Write] | None = None, tags: Any = None) -> None:
         self.fn = fn
-        self.event = threading.Event()
-        self.state = "queued"  # → "done" | "alone" (the coordinator stopped serving: commit yourself)
+        self.writes = writes
+        self.event = threading.Event() if fn is not None else None
+        # "queued" → "lead" (a job promoted to lead the next group) | "done" | "alone" (commit yourself) |
+        # "dropped" (coordinator writes an abort discarded)
+        self.state = "queued"
         self.result: Any = None
         self.error: BaseException | None = None
+        #: What the settlement told the coordinator (:meth:`CommitQueue.settled`), valid once it committed.
+        self.outcome: Any = None
+        #: The coordinator's bookkeeping for a batch of its writes (returned by :meth:`CommitQueue.wait`).
+        self.tags = tags
+
+
+class Events(NamedTuple):
+    """What :meth:`CommitQueue.wait` returns: the outcomes of committed settlements (durable), the completed
+    futures and the tags of committed coordinator batches."""
+
+    settled: list[Any]
+    done: list[Future[Any]]
+    written: list[Any]
+
+
+class Written:
+    """A batch of the coordinator's writes as :meth:`CommitQueue.push` queued it: ``done`` once it committed
+    (``error`` set when its transaction failed), ``tags`` the coordinator's bookkeeping for it."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry = entry
+
+    @property
+    def done(self) -> bool:
+        return self._entry.state in ("done", "dropped")
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._entry.error
 
 
 class CommitQueue:
-    """Settle transactions of in-process jobs, committed by the coordinator (see the module docstring)."""
+    """The pass's write queue and its group commits (see the module docstring). ``run_id``/``owner``: the fence
+    every group transaction checks once (None: unfenced, for callers that fence inside their functions)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, run_id: str | None = None, owner: OwnerId | None = None) -> None:
         self.db = db
+        self._run_id = run_id
+        self._owner = owner
         self._cv = threading.Condition()
-        self._queued: list[_Queued] = []
-        self._done: list[Future[Any]] = []
+        self._queued: list[_Entry] = []
+        self._leading = False
+        self._held = False
         self._open = True
+        self._writes_open = True
         self._coordinator = threading.get_ident()
+        # What the coordinator learns from :meth:`wait`.
+        self._settled: list[Any] = []
+        self._done: list[Future[Any]] = []
+        self._written: list[Any] = []
+        self._failures: list[BaseException] = []
+        #: Jobs whose outcome the coordinator learned from their committed settlement: their futures need not wake it.
+        self._early: set[int] = set()
 
     # -- job side ------------------------------------------------------------------------------------------
     def commit(self, fn: Callable[[Connection], T]) -> T:
-        """Commit ``fn(conn)`` with the coordinator's next transaction and return its result (or raise its error)
-        once that transaction committed."""
+        """Commit ``fn(conn)`` in the pass's next group and return its result (or raise its error) once that
+        transaction committed."""
         if threading.get_ident() == self._coordinator:
             return self.db.write_batched(fn)
-        item = _Queued(fn)
+        item = _Entry(fn)
         with self._cv:
             if not self._open:
                 item.state = "alone"
             else:
                 self._queued.append(item)
-                self._cv.notify_all()
-        if item.state == "queued":
-            item.event.wait()
+                if not self._leading and not self._held:
+                    self._leading = True
+                    item.state = "lead"
+        assert item.event is not None
+        while True:
+            if item.state == "queued":
+                item.event.wait()
+            if item.state != "lead":
+                break
+            self._lead(item)  # done, or queued again when the queue was held meanwhile
         if item.state == "alone":
             # After an abort: alone, on this thread (not grouped: a group's leader would run ``fn`` on its own
             # thread), still marked as routed through this queue — the abort committed the coordinator's buffered
@@ -93,90 +167,262 @@ class CommitQueue:
             raise item.error
         return item.result  # type: ignore[no-any-return]
 
+    @staticmethod
+    def serving() -> bool:
+        """Whether the settlement running on this thread now was routed through a commit queue (run in a group,
+        or alone after the coordinator stopped serving): what a pipelined job checks, since only that route orders
+        its settlement after its attempt row."""
+        return getattr(_SERVING, "on", False) is True
+
+    @staticmethod
+    def settled(outcome: Any) -> None:
+        """Tell the coordinator what the settlement running on this thread decided; it learns it once that
+        settlement committed (ignored outside a group: an inline or remote job reports through its future)."""
+        entry = getattr(_SERVING, "entry", None)
+        if entry is not None:
+            entry.outcome = outcome
+
     # -- coordinator side ----------------------------------------------------------------------------------
+    def push(self, writes: list[Write], tags: Any = None) -> Written:
+        """Queue a batch of the coordinator's writes for the next group, without waiting for it (see
+        :meth:`drive`). Refused once :meth:`hold` or :meth:`close` ran: an abort discards them."""
+        entry = _Entry(None, writes, tags)
+        with self._cv:
+            if not self._writes_open or not self._open:
+                entry.state = "dropped"
+            else:
+                self._queued.append(entry)
+        return Written(entry)
+
+    def drive(self, written: Written) -> None:
+        """Return once ``written`` (and so everything queued before it) committed, leading commits while nobody
+        else does; raise the error of the transaction that failed it."""
+        entry = written._entry
+        while True:
+            with self._cv:
+                while entry.state == "queued" and self._leading:
+                    self._cv.wait()
+                if entry.state != "queued":
+                    break
+                self._leading = True
+            self._lead()
+        if entry.state == "dropped":
+            raise SchedulerError(
+                "store_failed",
+                "internal: coordinator writes were asked to commit after the pass stopped serving its commit queue",
+            )
+        if entry.error is not None:
+            with self._cv:  # raised here: not again from wait()
+                self._failures = [f for f in self._failures if f is not entry.error]
+            raise entry.error
+
     def watch(self, fut: Future[Any]) -> None:
-        """Wake :meth:`wait` when ``fut`` completes."""
+        """Wake :meth:`wait` when ``fut`` completes, unless the coordinator already learned that job's outcome
+        from its committed settlement and the job ended without an error."""
 
         def done(f: Future[Any]) -> None:
             with self._cv:
+                if id(f) in self._early:
+                    self._early.discard(id(f))
+                    if not f.cancelled() and f.exception() is None:
+                        return  # its outcome is known; nothing to wake the coordinator for
                 self._done.append(f)
                 self._cv.notify_all()
 
         fut.add_done_callback(done)
 
-    def wait(self) -> list[Future[Any]]:
-        """Block until a settlement is queued or a watched future completed; return (and forget) the completed
-        futures. Queued settlements stay queued for :meth:`writes`."""
+    def learned(self, fut: Future[Any]) -> None:
+        """The coordinator took ``fut``'s outcome from its committed settlement: its plain return is not news.
+        (A future already done has queued itself for :meth:`wait`, or is about to: the coordinator skips it there.)
+        Atomic with the done callback, so an id is only remembered for a future whose callback is still to run."""
         with self._cv:
-            while not self._queued and not self._done:
+            if not fut.done():
+                self._early.add(id(fut))
+
+    def wait(self) -> Events:
+        """Block until a settlement committed, a watched future completed or a batch of writes committed; return
+        (and forget) what happened (:class:`Events`). Raises the error of a group transaction that failed
+        coordinator writes."""
+        with self._cv:
+            while not (self._settled or self._done or self._written or self._failures):
                 self._cv.wait()
-            done, self._done = self._done, []
-            return done
+            if self._failures:
+                raise self._failures.pop(0)
+            events = Events(self._settled, self._done, self._written)
+            self._settled, self._done, self._written = [], [], []
+        return events
 
-    def pending(self) -> bool:
+    def collect(self) -> list[Any]:
+        """The tags of batches committed since the last :meth:`wait` or :meth:`collect` (without blocking)."""
         with self._cv:
-            return bool(self._queued)
+            written, self._written = self._written, []
+        return written
 
-    def take(self) -> list[_Queued]:
-        """The settlements queued so far, in arrival order, for the coordinator's next transaction."""
+    def hold(self) -> None:
+        """Commit no more groups: wait out the one in flight, drop the coordinator's queued writes and refuse later
+        ones; settlements queue and wait for :meth:`close`. What an interrupt does first, so the attempts it then
+        marks ``failed`` can neither begin nor settle behind its back."""
         with self._cv:
-            items, self._queued = self._queued, []
-            return items
-
-    @staticmethod
-    def serving() -> bool:
-        """Whether the settlement running on this thread now was routed through a commit queue (run in the
-        coordinator's transaction, or alone after it stopped serving): what a pipelined job checks, since only
-        that route orders its settlement after its attempt row."""
-        return getattr(_SERVING, "on", False) is True
-
-    @staticmethod
-    def run_in(db: Database, conn: Connection, items: list[_Queued], *, savepoints: bool) -> None:
-        """Run the queued settlements in the open transaction on ``conn``, in arrival order.
-
-        ``savepoints=False`` (the common case): one after another, and the first that raises fails the whole
-        transaction (the caller then runs it again with savepoints). ``savepoints=True``: each in its own
-        savepoint; one that raises rolls back alone and keeps its error for its job."""
-        _SERVING.on = True
-        try:
-            if savepoints:
-                CommitQueue._run_each(db, items)
-            else:
-                for item in items:
-                    item.result, item.error = item.fn(conn), None
-        finally:
-            _SERVING.on = False
-
-    @staticmethod
-    def _run_each(db: Database, items: list[_Queued]) -> None:
-        for item in items:
-            try:
-                item.result, item.error = (
-                    db.write(item.fn),
-                    None,
-                )  # nested: a savepoint of the open transaction
-            except sa_exc.DBAPIError as exc:
-                if sqlstate(exc) in RETRY_SQLSTATES:
-                    raise  # PostgreSQL serialization failure: the whole transaction retries, every item again
-                item.error = store_error(db, exc, "write")
-            except Exception as exc:  # that job's outcome, raised on its own thread; the others still commit
-                item.error = exc
-
-    @staticmethod
-    def release(items: list[_Queued], error: BaseException | None = None) -> None:
-        """Wake the jobs of ``items`` after their transaction ended: committed (``error`` None: each gets its own
-        result or savepoint error) or failed as a whole (each gets ``error``; nothing of theirs committed)."""
-        for item in items:
-            if error is not None:
-                item.result, item.error = None, error
-            item.state = "done"
-            item.event.set()
+            self._held = True
+            self._writes_open = False
+            self._drop_writes()
+            while self._leading:
+                self._cv.wait()
 
     def close(self) -> None:
-        """Stop serving: every queued and later settlement commits on its job's own thread."""
+        """Stop serving: every queued and later settlement commits on its job's own thread; queued coordinator
+        writes are dropped."""
         with self._cv:
             self._open = False
             items, self._queued = self._queued, []
         for item in items:
+            if item.fn is None:
+                item.state = "dropped"
+                continue
             item.state = "alone"
+            assert item.event is not None
             item.event.set()
+        with self._cv:
+            self._cv.notify_all()
+
+    def _drop_writes(self) -> None:
+        kept = []
+        for item in self._queued:
+            if item.fn is None:
+                item.state = "dropped"
+            else:
+                kept.append(item)
+        self._queued = kept
+
+    # -- the leader ----------------------------------------------------------------------------------------
+    def _lead(self, me: _Entry | None = None) -> None:
+        """Commit everything queued so far as one group, then hand the lead on (module invariants). ``me``: the
+        leading job's own settlement (None: the coordinator leads)."""
+        with self._cv:
+            if self._held:
+                group = []
+                if me is not None and me.state == "lead":  # it waits for close() like every queued settlement
+                    me.state = "queued"
+                    assert me.event is not None
+                    me.event.clear()
+            else:
+                group, self._queued = self._queued, []
+        try:
+            if group:
+                self._commit(group)
+        finally:
+            with self._cv:
+                nxt = (
+                    None if self._held else next((item for item in self._queued if item.fn is not None), None)
+                )
+                if nxt is not None:
+                    nxt.state = "lead"
+                    assert nxt.event is not None
+                    nxt.event.set()
+                else:
+                    self._leading = False
+                self._cv.notify_all()
+
+    def _commit(self, group: list[_Entry]) -> None:
+        failure: BaseException | None = None
+        # Database.write, not write_batched: the group is this pass's group commit already.
+        try:
+            try:
+                self.db.write(lambda conn: self._run(conn, group, savepoints=False))
+            except Exception:
+                if all(item.fn is None for item in group):
+                    raise
+                # Something refused and nothing committed: again, each settlement in its own savepoint, so a
+                # refused one fails alone (its job gets its error) and the others commit.
+                self.db.write(lambda conn: self._run(conn, group, savepoints=True))
+        except BaseException as exc:
+            failure = exc
+        self._release(group, failure)
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # an interrupt of the leader's thread is the leader's to raise, never to swallow
+
+    def _run(self, conn: Connection, group: list[_Entry], *, savepoints: bool) -> None:
+        """Run ``group`` in the open transaction on ``conn``, in queue order, behind one fence check (none of these
+        writes touches the run row, so every settlement's own check answers from this one)."""
+        fence = (
+            fenced_block(conn, self._run_id, self._owner)
+            if self._run_id is not None and self._owner is not None
+            else contextlib.nullcontext()
+        )
+        with fence:
+            if savepoints:
+                CommitQueue._run_each(self.db, conn, group)
+            else:
+                # Rows and records of the whole group are written by one statement per table at its end
+                # (``Database.deferred``): same transaction, same outcome, a fraction of the statements.
+                self.db.allow_deferred()
+                with _serving():
+                    for item in group:
+                        if item.fn is None:
+                            for w in item.writes or ():
+                                w(conn)
+                            continue
+                        _SERVING.entry = item
+                        item.outcome = None
+                        item.result, item.error = item.fn(conn), None
+                    _SERVING.entry = None
+
+    @staticmethod
+    def _run_each(db: Database, conn: Connection, group: list[_Entry]) -> None:
+        with _serving():
+            for item in group:
+                if item.fn is None:
+                    for w in item.writes or ():
+                        w(conn)  # a coordinator write that raises fails the whole group, as it would alone
+                    continue
+                _SERVING.entry = item
+                item.outcome = None
+                try:
+                    item.result, item.error = db.write(item.fn), None  # nested: a savepoint of the group
+                except sa_exc.DBAPIError as exc:
+                    if sqlstate(exc) in RETRY_SQLSTATES:
+                        raise  # PostgreSQL serialization failure: the whole transaction retries, every item again
+                    item.error = store_error(db, exc, "write")
+                except (
+                    Exception
+                ) as exc:  # that job's outcome, raised on its own thread; the others still commit
+                    item.error = exc
+                finally:
+                    _SERVING.entry = None
+
+    def _release(self, group: list[_Entry], failure: BaseException | None) -> None:
+        """Wake the jobs of ``group`` after its transaction ended and tell the coordinator what committed."""
+        with self._cv:
+            for item in group:
+                if failure is not None:
+                    item.result, item.error = None, failure
+                if item.fn is None:
+                    item.state = "done"
+                    if failure is not None:
+                        if not any(f is failure for f in self._failures):
+                            self._failures.append(failure)
+                    else:
+                        self._written.append(item.tags)
+                    continue
+                if item.error is None and item.outcome is not None:
+                    self._settled.append(item.outcome)
+                item.state = "done"
+                assert item.event is not None
+                item.event.set()
+            self._cv.notify_all()
+
+    # -- for tests and the reference coordinator ----------------------------------------------------------
+    def pending(self) -> bool:
+        """Whether anything is queued and not yet taken by a leader."""
+        with self._cv:
+            return bool(self._queued)
+
+
+@contextlib.contextmanager
+def _serving() -> Iterator[None]:
+    _SERVING.on = True
+    try:
+        yield
+    finally:
+        _SERVING.on = False
+        _SERVING.entry = None

@@ -2,7 +2,9 @@
 priority-with-aging ``Admission`` (both from ``plan``), a host for executions, and a ``RunSession`` for writes.
 
 Invariants
-- Every loop step is one durable transaction, so a crash loses at most the step in progress. The loop:
+- Every write goes through the pass's commit queue (``_commits.py``: group commits, led by whichever thread is
+  free), so a crash loses at most the commit in progress and the writes queued behind it, none of them reported;
+  an outcome is learned from its committed settlement. The loop:
   admission pass (event-driven, so a node ages the same on every host) → drain completions in plan order →
   reconciliation page once nothing runs (every deviation attributed before any is judged) → merge elaboration
   (``<id>+merge`` as a new generation).
@@ -128,7 +130,12 @@ class Coordinator:
         self.s = session
         self.graph = RuntimeGraph(session.plan, defer=defer)
         self.admission = Admission(session.cfg.concurrency)
+        #: Submitted jobs whose outcome the coordinator has not learned yet, and the future of each running node.
         self.running: dict[Future[Any], str] = {}
+        self.future_of: dict[str, Future[Any]] = {}
+        #: Jobs whose outcome it learned from their committed settlement, still returning on their threads: each is
+        #: waited for before the pass ends, and one that raises fails the pass as any job's exception does.
+        self.finishing: dict[Future[Any], str] = {}
         self.admitted: set[str] = set()
         self.queued: set[str] = set()
         self.redo: list[str] = []
@@ -172,7 +179,8 @@ class Coordinator:
                         f"internal: the run stalled with {self.graph.remaining} unsettled nodes "
                         f"(waiting {list(self.graph.waiting())[:10]})",
                     )
-            self.s.flush()
+            self._join_finishing()
+            self.s.flush(everything=True)
             self.s.commits.close()
             return self.s.report()
         except BaseException as exc:
@@ -184,6 +192,10 @@ class Coordinator:
     def _abort(self, exc: BaseException) -> BaseException:
         typed = isinstance(map_error(exc, []), SchedulerError)
         external = not isinstance(exc, (Exception, RunParked))
+        if typed:
+            # Before the cancellation below ends running jobs: their settlements must find their attempts marked,
+            # never commit first (jobs lead group commits of their own: _commits.py).
+            self.s.commits.hold()
         if typed or external:
             self.s.cancel.cancel(f"{type(exc).__name__}: {exc}")
         try:
@@ -202,7 +214,7 @@ class Coordinator:
                 if not isinstance(exc, FenceLost):
                     # A failure here is reported with the cleanup errors; the original error stays primary.
                     try:
-                        self.s.flush()
+                        self.s.flush(everything=True)
                     except BaseException as err:
                         early.append(err)
                 # Running jobs settle on their own threads from now on, so waiting for them cannot deadlock.
@@ -216,9 +228,9 @@ class Coordinator:
 
     def _wait_running(self, *, keep_open: bool) -> None:
         """Wait for every running job. ``keep_open``: a job that raised leaves its attempt for :meth:`cleanup`."""
-        if not self.running:
+        if not self.running and not self.finishing:
             return
-        wait(list(self.running))
+        wait([*self.running, *self.finishing])
         for fut, node_id in list(self.running.items()):
             err = fut.exception()
             if err is None or not keep_open:
@@ -227,6 +239,21 @@ class Coordinator:
                 # Expected after an interrupt: its settlement found the row already failed by fail_running.
                 log.debug("interrupted node %r ended with %r", node_id, err)
         self.running.clear()
+        self.future_of.clear()
+        self.finishing.clear()
+
+    def _join_finishing(self) -> None:
+        """Wait for the jobs whose outcomes were learned from their commits; raise the first (plan order) that
+        raised after its settlement committed: a job's exception is a scheduler failure (see _abort)."""
+        if not self.finishing:
+            return
+        wait(list(self.finishing))
+        pos = self.s.positions
+        for fut in sorted(self.finishing, key=lambda f: pos[self.finishing[f]]):
+            if fut.exception() is not None:
+                self.finishing.pop(fut)
+                fut.result()
+        self.finishing.clear()
 
     # ----------------------------------------------------------------------------------------- admission
     def _pass(self) -> tuple[bool, bool]:
@@ -270,16 +297,23 @@ class Coordinator:
                     self.settle(p.node.id, "clean", journal=True)
             else:
                 self.settle(p.node.id, "failed", journal=True, error=p.error)
-        # Pipelined jobs start now; their begins commit with the next flush, which their own settlements wait
-        # for (RunSession invariants). The others start only after the flush that began them.
+        # Pipelined jobs start now, their begins queued first: the group that commits a job's settlement holds its
+        # begin (RunSession invariants). The others start only after the flush that began them.
+        if piped:
+            self.s.hand_off()
         for p in piped:
             p.pipelined = True
-            self.running[self.s.submit(p)] = p.node.id
+            self._running(p)
         if to_submit or not piped:
             self.s.flush()
         for p in to_submit:
-            self.running[self.s.submit(p)] = p.node.id
+            self._running(p)
         return True, len(to_submit) + len(piped) < len(preps)
+
+    def _running(self, p: Prep) -> None:
+        fut = self.s.submit(p)
+        self.running[fut] = p.node.id
+        self.future_of[p.node.id] = fut
 
     def _prepare(self, node_id: str, rebase: bool) -> Prep:
         if node_id not in self.rerun:
@@ -315,7 +349,7 @@ class Coordinator:
             return
         self.queued.add(node_id)
         self._entered[node_id] = self.admission.passes
-        self.admission.add_node(self.s.plan.node(node_id))
+        self.admission.add_node(self.s.node(node_id))
         self._admit_due = True
 
     # ---------------------------------------------------------------------------------------- settlement
@@ -351,19 +385,40 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------------------- drain
     def _drain(self) -> None:
-        # Wake on a settlement a job queued (commit it, with whatever this coordinator buffered, in one
-        # transaction: _commits.py) or on finished jobs (their settlements are durable: process them).
-        done = self.s.commits.wait()
-        if self.s.commits.pending():
-            self.s.flush()
-        finished = sorted(
-            (f for f in done if f in self.running), key=lambda f: self.s.positions[self.running[f]]
-        )
-        for fut in finished:
-            node_id = self.running.pop(fut)
-            outcome: JobOutcome = fut.result()  # a job's exception is a scheduler failure (see _abort)
+        # Wake on committed settlements (the jobs' threads lead their group commits: _commits.py; each outcome is
+        # durable once reported here) or on finished jobs: jobs that settled elsewhere (an inline or remote host)
+        # and jobs that raised.
+        settled, done, written = self.s.commits.wait()
+        self.s.count(written)
+        pos = self.s.positions
+        outcomes: dict[str, JobOutcome] = {}
+        for job in settled:
+            fut = self.future_of.pop(job.node_id, None)
+            if fut is None:
+                continue  # not a job of this pass's coordinator (cannot happen: each pass has its own queue)
+            del self.running[fut]
+            self.finishing[fut] = job.node_id
+            self.s.commits.learned(fut)
+            outcomes[job.node_id] = job
+        raised: list[Future[Any]] = []
+        for fut in done:
+            if fut.cancelled() or fut.exception() is not None:
+                raised.append(fut)
+            elif fut in self.running:
+                node_id = self.running.pop(fut)
+                del self.future_of[node_id]
+                outcomes[node_id] = fut.result()
+            else:
+                self.finishing.pop(fut, None)  # learned already; it returned
+        for node_id in sorted(outcomes, key=pos.__getitem__):
             self.s.open_rows.pop(node_id, None)
-            self._complete(node_id, outcome)
+            self._complete(node_id, outcomes[node_id])
+        if raised:
+            first = min(raised, key=lambda f: pos.get(self.running.get(f) or self.finishing.get(f) or "", -1))
+            node_id = self.running.pop(first, "") or self.finishing.pop(first, "")
+            if node_id:
+                self.future_of.pop(node_id, None)
+            first.result()  # a job's exception is a scheduler failure (see _abort)
         # Settlements decided here (skips propagating from a failure, ...) are durable before anything else is
         # admitted, as before; the common case (jobs settled themselves) buffers nothing and commits nothing here.
         self.s.flush()
@@ -374,7 +429,7 @@ class Coordinator:
         s = self.s
         s.decisions[node_id] = None if r.decision is None else str(r.decision.tag)
         if r.outcome in _SUCCESS:
-            s.set_result(node_id, r.value)
+            s.set_result(node_id, r.value, job.value_json)
         if job.final is not None:
             self.settle(node_id, job.final, journal=False, error=error_line(r.error))
         elif r.outcome in _SUCCESS:

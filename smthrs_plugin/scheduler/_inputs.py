@@ -110,8 +110,14 @@ class ReadPlan:
     produced: tuple[PathEntry, ...]
 
 
+_NO_READS = ReadPlan((), ())
+
+
 def classify_reads(plan: Plan, start: int = 0) -> dict[str, ReadPlan]:
     """Classify the read entries of ``plan.nodes[start:]`` (see the module invariants)."""
+    nodes = plan.nodes[start:]
+    if not any(n.effects.reads for n in nodes):
+        return dict.fromkeys((n.id for n in nodes), _NO_READS)  # nothing to classify: skip the ancestry walk
     flags = produced_reads(plan.nodes, start)
     out: dict[str, ReadPlan] = {}
     for n, produced_by_ancestor in zip(plan.nodes[start:], flags, strict=True):

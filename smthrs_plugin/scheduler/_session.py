@@ -3,10 +3,14 @@
 The coordinator (``_coordinator.py``) decides *when*; this module decides *what* and writes it (shared with the naive
 reference coordinator of the differential tests, so both write identical journals, attempt rows and cache keys).
 
-- Writes are buffered and committed by :meth:`RunSession.flush` in ONE fenced transaction per scheduling step, in
-  decision order; a settlement never commits without its attempt row, and nothing is reported before its commit.
+- Writes are buffered, then queued in decision order on the pass's commit queue (``_commits.py``): by
+  :meth:`RunSession.hand_off` without waiting, by :meth:`RunSession.flush` waiting until they are durable. A
+  settlement never commits without its attempt row, and nothing is reported before its commit.
 - A job is submitted after its attempt row's begin committed, except a pipelined job (a sealed, non-timer node on
-  a host that ``shares_process``), whose begin commits with or before its settlement.
+  a host that ``shares_process``), whose begin is queued before it starts and so commits with or before its
+  settlement.
+- The records and attempt-row columns written for every node are composed from parts validated once
+  (``_records.py``); anything else takes the generic, validating path.
 - Attempt rows are numbered by this pass (:attr:`RunSession.last_row`); a number already taken is refused by the
   primary key.
 - A measurement failure is ``SchedulerError(boundary_unavailable)``, raised before an attempt or cache row exists.
@@ -39,13 +43,13 @@ from ..plan import Plan, PlanNode
 from ..plan.keys import resolve_refs
 from ..records.attempts import AttemptRecord, AttemptStore
 from ..records.journal import Journal
-from ..records.run_fence import fenced_block
 from ..records.runs import OwnerId, assert_owner
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
-from ._commits import CommitQueue
+from ._commits import CommitQueue, Written
 from ._inputs import Pins, ReadPlan
 from ._preimage import PreImage, capture_preimage, restore_preimage
+from ._records import begin_meta_text, quoted, scheduled_text, settled_text
 from .cancel import CancelToken
 from .job import NodeJob, SettleSpec, error_line, settled_payload
 from .model import Outcome, Report, Settlement
@@ -134,6 +138,7 @@ class RunSession:
         self.reads: dict[str, ReadPlan] = dict(reads)
         self.declarations: dict[str, Declaration] = dict(declarations)
         self.positions: dict[str, int] = {n.id: n.position for n in plan.nodes}
+        self._nodes: dict[str, PlanNode] = {n.id: n for n in plan.nodes}
         self.results: dict[str, Any] = {}
         self.keys: dict[str, str] = {}
         self.attempts: dict[str, int] = {}
@@ -147,10 +152,16 @@ class RunSession:
         self.open_rows: dict[str, tuple[str, int]] = {}
         #: Interrupts every execution of this pass (``NodeInput.cancel``); cancelled by the coordinator's abort.
         self.cancel = CancelToken()
-        #: Settlements of this process's jobs, committed by :meth:`flush` (the coordinator's thread makes it).
-        self.commits = CommitQueue(cfg.db)
+        #: The pass's commit queue: this session's writes and the settlements of this process's jobs (made on the
+        #: coordinator's thread, which is what makes it the coordinator's).
+        self.commits = CommitQueue(cfg.db, cfg.run_id, cfg.owner)
         self._pending: list[Write] = []
         self._metric_outcomes: list[Outcome] = []
+        #: The last batch of writes queued (what :meth:`flush` waits for).
+        self._last: Written | None = None
+        #: JSON text of the plan id and of node ids, for composed records (None: not composable).
+        self.plan_text = quoted(plan.plan_id)
+        self._texts: dict[str, str | None] = {}
         self.prior_by_node: dict[str, list[AttemptRecord]] = {}
         #: The highest attempt row number per key in this run: this pass numbers its attempts itself (it is the
         #: run's only writer, fenced), so a job knows its row before the transaction that begins it commits.
@@ -163,49 +174,63 @@ class RunSession:
         for recs in self.prior_by_node.values():
             recs.sort(key=lambda r: (_ordinal(r), r.started_at_ms, r.attempt))
 
+    def node(self, node_id: str) -> PlanNode:
+        """``self.plan.node(node_id)`` from a dict of the pass's nodes (a grown plan's new nodes are looked up in
+        it; nodes of earlier generations never change)."""
+        node = self._nodes.get(node_id)
+        return node if node is not None else self.plan.node(node_id)
+
     # ------------------------------------------------------------------------------------------ writes
     def write(self, fn: Write) -> None:
         """Buffer a coordinator write for the next :meth:`flush`."""
         self._pending.append(fn)
 
-    def flush(self) -> None:
-        """Commit buffered writes in one fenced transaction, together with the settlements jobs queued meanwhile
-        (``_commits.py``: each in its own savepoint, after the buffered writes), then release those jobs and
-        count the settlements it made durable."""
-        items = self.commits.take()
-        if not self._pending and not items:
+    def hand_off(self) -> None:
+        """Queue the buffered writes for the next group commit without waiting (``_commits.py``): the begin of a
+        pipelined job is queued before the job starts, so its settlement commits after it."""
+        if not self._pending:
             return
         writes, self._pending = self._pending, []
-        cfg = self.cfg
-
-        def fn(conn: Connection, savepoints: bool) -> None:
-            # One fence check for the whole step: none of these writes touches the run row (attempt rows,
-            # journal records, cache rows), so every settlement's own check answers from this one.
-            with fenced_block(conn, cfg.run_id, cfg.owner):
-                for w in writes:
-                    w(conn)
-                CommitQueue.run_in(cfg.db, conn, items, savepoints=savepoints)
-
-        try:
-            try:
-                cfg.db.write_batched(lambda conn: fn(conn, False))
-            except Exception:
-                if not items:
-                    raise
-                # Something refused and nothing committed: again, each settlement in its own savepoint, so a
-                # refused one fails alone (its job gets its error) and the others commit (_commits.py).
-                cfg.db.write_batched(lambda conn: fn(conn, True))
-        except BaseException as exc:
-            CommitQueue.release(items, exc)
-            raise
-        CommitQueue.release(items)
         outcomes, self._metric_outcomes = self._metric_outcomes, []
-        for o in outcomes:
-            cfg.metrics.node_settled(o)
+        self._last = self.commits.push(writes, outcomes)
+
+    def flush(self, *, everything: bool = False) -> None:
+        """Queue the buffered writes and return once they (and everything queued before them) committed, in one
+        fenced transaction with whatever else was queued meanwhile — leading that commit when no job does — then
+        count the settlements made durable. Raises what failed that transaction.
+
+        With nothing buffered it returns at once: writes handed off earlier (the begins of pipelined jobs) commit
+        with those jobs' settlements, not in a commit of their own — unless ``everything`` (the end of a pass, an
+        abort), which waits for them too."""
+        pushed = bool(self._pending)
+        self.hand_off()
+        last = self._last
+        if last is not None and not last.done and (pushed or everything):
+            self.commits.drive(last)
+        self.count(self.commits.collect())
+
+    def count(self, written: list[Any]) -> None:
+        """Count the journaled settlements of committed batches (their :meth:`hand_off` tags)."""
+        metrics = self.cfg.metrics
+        for outcomes in written:
+            for o in outcomes:
+                metrics.node_settled(o)
+
+    def node_text(self, node_id: str) -> str | None:
+        """The JSON text of a node id (None: not composable), written once per pass."""
+        try:
+            return self._texts[node_id]
+        except KeyError:
+            text = self._texts[node_id] = quoted(node_id)
+            return text
 
     def journal(self, type_: str, payload: dict[str, Any]) -> None:
         run_id = self.cfg.run_id
         self.write(lambda conn: self.cfg.journal.append_in(conn, run_id, type_, payload))
+
+    def _append_text(self, type_: str, text: str) -> None:
+        run_id, journal = self.cfg.run_id, self.cfg.journal
+        self.write(lambda conn: journal.append_canonical_in(conn, run_id, type_, text))
 
     def record(
         self, node_id: str, outcome: Outcome, *, journal: bool, error: str | None = None
@@ -214,7 +239,7 @@ class RunSession:
         ``deferred`` settlement is preceded by its ``selection-deferred`` record (``plan_id``, ``node_id``,
         ``plan_key``): the debt opens under the plan key before the settlement that results from it, and only here —
         a node is deferred only when its dependencies succeeded, so a failed cone never opens selection debt."""
-        node = self.plan.node(node_id)
+        node = self.node(node_id)
         s = Settlement(
             node=node_id,
             outcome=outcome,
@@ -232,21 +257,37 @@ class RunSession:
                     "selection-deferred",
                     {"plan_id": self.plan.plan_id, "node_id": node_id, "plan_key": node.key},
                 )
-            self.journal(
-                "node-settled",
-                settled_payload(
-                    self.plan.plan_id, node_id, node.key, s.dispatch_key, outcome, s.attempts, s.rebases
-                ),
+            text = settled_text(
+                self.plan_text,
+                self.node_text(node_id),
+                node.key,
+                s.dispatch_key,
+                outcome,
+                s.attempts,
+                s.rebases,
             )
+            if text is not None:
+                self._append_text("node-settled", text)
+            else:
+                self.journal(
+                    "node-settled",
+                    settled_payload(
+                        self.plan.plan_id, node_id, node.key, s.dispatch_key, outcome, s.attempts, s.rebases
+                    ),
+                )
             self._metric_outcomes.append(outcome)
         else:
             self.cfg.metrics.node_settled(outcome)
         return s
 
-    def set_result(self, node_id: str, value: Any) -> None:
+    def set_result(self, node_id: str, value: Any, value_json: str | None = None) -> None:
         """Remember a node's value in its stored (canonical JSON) form, so every consumer — a downstream
-        executor, a key, the report — sees the same value whether it was built now, replayed or served."""
-        self.results[node_id] = json.loads(canonical_bytes(value))
+        executor, a key, the report — sees the same value whether it was built now, replayed or served.
+        ``value_json``: its canonical text when the job already wrote it."""
+        if value is None:
+            self.results[node_id] = None
+        else:
+            self.results[node_id] = json.loads(canonical_bytes(value) if value_json is None else value_json)
 
     def record_deviation(self, d: Deviation) -> None:
         self.deviations.append(d)
@@ -280,7 +321,7 @@ class RunSession:
         """Measure, key and decide one attempt of ``node_id`` (counts the attempt). May raise
         ``SchedulerError(boundary_unavailable | key_uncomputable)``; writes nothing itself."""
         cfg = self.cfg
-        node = self.plan.node(node_id)
+        node = self.node(node_id)
         draft = node.draft
         attempt = self.attempts[node_id] = self.attempts.get(node_id, 0) + 1
         refs = resolve_refs(draft, self.results)
@@ -415,23 +456,36 @@ class RunSession:
 
         row = prep.row = self.last_row[prep.key] = self.last_row.get(prep.key, 0) + 1
         self.open_rows[node_id] = (prep.key, row)
-
-        def start(conn: Connection) -> None:
-            cfg.attempts.begin_in(
-                conn, cfg.run_id, cfg.owner, prep.key, attempt=row, node_id=node_id, meta=prep.meta
-            )
-
-        self.write(start)
-        self.journal(
-            "node-scheduled",
-            {
+        key, meta = prep.key, prep.meta
+        meta_json = begin_meta_text(meta)
+        scheduled = scheduled_text(self.plan_text, self.node_text(node_id), key, prep.attempt, prep.waited)
+        payload = (
+            None
+            if scheduled is not None
+            else {
                 "plan_id": self.plan.plan_id,
                 "node_id": node_id,
-                "dispatch_key": prep.key,
+                "dispatch_key": key,
                 "attempt": prep.attempt,
                 "waited": prep.waited,
-            },
+            }
         )
+
+        def start(conn: Connection) -> None:
+            if meta_json is not None:
+                cfg.attempts.begin_text_in(
+                    conn, cfg.run_id, cfg.owner, key, attempt=row, node_id=node_id, meta_json=meta_json
+                )
+            else:
+                cfg.attempts.begin_in(
+                    conn, cfg.run_id, cfg.owner, key, attempt=row, node_id=node_id, meta=meta
+                )
+            if scheduled is not None:
+                cfg.journal.append_canonical_in(conn, cfg.run_id, "node-scheduled", scheduled)
+            else:
+                cfg.journal.append_in(conn, cfg.run_id, "node-scheduled", payload)
+
+        self.write(start)
 
     def submit(self, prep: Prep) -> Future[Any]:
         """Hand a begun attempt to the host (after the transaction that began it committed)."""
@@ -449,6 +503,8 @@ class RunSession:
             row=prep.row,
             rebases=self.rebases.get(node.id, 0),
             meta=prep.meta,
+            plan_text=self.plan_text,
+            node_text=self.node_text(node.id),
         )
         # The request ``prepare()`` built (cache.requests.build_request, the one builder): the key it recorded is
         # the key this attempt dispatches under.
@@ -488,6 +544,9 @@ class RunSession:
         its ``attempt-finished`` record, in ONE fenced transaction (a lost fence writes nothing). Returns the
         failures (the caller's error stays primary)."""
         cfg = self.cfg
+        # The coordinator held its commit queue first (``Coordinator._abort``): queued writes were dropped, never
+        # committed, and no group commits until it closes, so nothing begins or settles behind this marking.
+        self.commits.hold()
         self._pending = []
         error = {
             "type": "interrupted",

@@ -23,9 +23,9 @@ Invariants
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from ..records.journal import Journal
 from ..records.runs import OwnerId
 from ..stores.database import Database
 from ._commits import CommitQueue
+from ._records import finished_text, settle_meta_text, settled_text
 from .cancel import CancelToken
 from .model import NodeInput, Outcome
 
@@ -90,7 +91,9 @@ def error_json(error: BaseException | None) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SettleSpec:
     """What the job writes when its dispatch settles. ``attempt`` counts this node's dispatches in this pass;
-    ``row`` is the attempt row's number under ``key`` (begun by the coordinator)."""
+    ``row`` is the attempt row's number under ``key`` (begun by the coordinator). ``plan_text``/``node_text``: the
+    JSON text of ``plan_id``/``node_id`` when the coordinator could write it (``_records.quoted``), for the
+    records this job composes."""
 
     run_id: str
     owner: OwnerId
@@ -102,6 +105,8 @@ class SettleSpec:
     row: int
     rebases: int
     meta: dict[str, Any]
+    plan_text: str | None = None
+    node_text: str | None = None
 
 
 def settled_payload(
@@ -117,11 +122,80 @@ def settled_payload(
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A finished job. ``final`` is the outcome journaled with the attempt (``None``: the coordinator decides)."""
+    """A finished job. ``final`` is the outcome journaled with the attempt (``None``: the coordinator decides).
+    ``value_json``: the canonical JSON text of ``result.value`` when the job wrote it (None: not known)."""
 
     node_id: str
     result: DispatchResult
     final: Outcome | None
+    value_json: str | None = None
+
+
+class _State:
+    """Per-job scratch: the executor's value and its canonical text, as :meth:`NodeJob._execute` checked them, and
+    whether a settlement of this job committed (set by its ``on_commit`` callback, read by the job's own thread
+    after the commit released it)."""
+
+    __slots__ = ("value", "text", "settled")
+
+    def __init__(self) -> None:
+        self.value: Any = _UNSET
+        self.text = ""
+        self.settled = False
+
+    def mark_settled(self) -> None:
+        self.settled = True
+
+    def text_of(self, value: Any) -> str | None:
+        """The canonical text of ``value`` when it is the very value the executor returned."""
+        return self.text if self.value is value and value is not _UNSET else None
+
+
+_UNSET = object()
+_SAFE_INT = 2**53 - 1
+
+
+def _scalar_text(value: Any) -> str | None:
+    """The canonical text of a null, boolean, JSON-safe int or ASCII string (None for anything else: the caller
+    encodes it generically): the values most nodes return, without the generic walk."""
+    if value is None:
+        return "null"
+    t = type(value)
+    if t is bool:
+        return "true" if value else "false"
+    if t is int and -_SAFE_INT <= value <= _SAFE_INT:
+        return str(value)
+    if t is str and value.isascii():
+        return encode_basestring(value)
+    return None
+
+
+#: ``dataclasses.replace`` re-runs ``__init__`` over every field of a request (a measurable share of a no-op node):
+#: a request without ``__post_init__`` or slots is copied by its fields instead, which is the same object.
+_PLAIN_REQUEST = not hasattr(DispatchRequest, "__post_init__") and not hasattr(DispatchRequest, "__slots__")
+
+
+def _hooked(request: DispatchRequest, on_settled: Any, commit: Any) -> DispatchRequest:
+    """``replace(request, on_settled=..., commit=...)``."""
+    if not _PLAIN_REQUEST or type(request) is not DispatchRequest:
+        return replace(request, on_settled=on_settled, commit=commit)
+    new = object.__new__(DispatchRequest)
+    fields = new.__dict__
+    fields.update(request.__dict__)
+    fields["on_settled"] = on_settled
+    fields["commit"] = commit
+    return new
+
+
+#: The stores a settlement writes through, per database URL (stateless handles: made once per process).
+_STORES: dict[str, tuple[AttemptStore, Journal]] = {}
+
+
+def _stores(db: Database) -> tuple[AttemptStore, Journal]:
+    stores = _STORES.get(db.url)
+    if stores is None or stores[0].db.sqlite_synchronous != db.sqlite_synchronous:
+        stores = _STORES[db.url] = (AttemptStore(db), Journal(db))
+    return stores
 
 
 def _decision_tag(result: DispatchResult) -> str | None:
@@ -148,34 +222,38 @@ class NodeJob:
     #: Started before its attempt row committed (``_session.py``, pipelining): its settlement MUST commit through
     #: ``commits``, after that row.
     pipelined: bool = False
-    _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _state: _State = field(default_factory=_State, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_done", None)
+        state.pop("_state", None)
         state["commits"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        object.__setattr__(self, "__dict__", {**state, "_done": threading.Event()})
+        object.__setattr__(self, "__dict__", {**state, "_state": _State()})
 
     # -- executor side ---------------------------------------------------------------------------------------
     def _execute(self, root: Path) -> Any:
+        workspace = self.request.workspace
         value = self.executor(
             NodeInput(
                 node=self.node,
                 attempt=self.spec.attempt,
                 inputs=self.inputs,
-                root=Path(root),
+                root=root if isinstance(root, Path) else Path(root),
                 key=self.spec.key,
                 boundary=self.boundary,
                 cancel=self.cancel,
-                workspace=Path(self.request.workspace),
+                workspace=workspace if isinstance(workspace, Path) else Path(workspace),
                 declaration=self.request.declaration,
             )
         )
         try:
-            canonical_bytes(value)
+            # Kept with the value: the settlement stores this text, and the coordinator decodes it, unless the
+            # dispatcher settles another object (then each encodes it again).
+            self._state.text = _scalar_text(value) or canonical_bytes(value).decode("utf-8")
+            self._state.value = value
         except CanonicalError as exc:
             raise CanonicalError(
                 "not_canonicalizable",
@@ -196,40 +274,75 @@ class NodeJob:
                 "the transaction that calls request.on_settled through request.commit (see DispatchRequest)",
                 node=s.node_id,
             )
-        attempts = AttemptStore(self.db)
-        journal = Journal(self.db)
+        attempts, journal = _stores(self.db)
         final = final_outcome(result)
-        meta = {
-            **s.meta,
-            "outcome": result.outcome,
-            "decision": _decision_tag(result),
-            "deviations": [{"kind": d.kind, "paths": list(d.paths)} for d in result.deviations],
-        }
+        decision = _decision_tag(result)
+        value_json: str | None = None
         if result.outcome in ("built", "clean"):
-            attempts.complete_in(conn, s.run_id, s.owner, s.key, s.row, result=result.value, meta=meta)
+            value_json = self._state.text_of(result.value)
+            meta_json = settle_meta_text(s.meta, result.outcome, decision, list(result.deviations))
+            if value_json is not None and meta_json is not None:
+                attempts.complete_text_in(
+                    conn,
+                    s.run_id,
+                    s.owner,
+                    s.key,
+                    s.row,
+                    result_json=None if result.value is None else value_json,
+                    meta_json=meta_json,
+                )
+            else:
+                attempts.complete_in(
+                    conn,
+                    s.run_id,
+                    s.owner,
+                    s.key,
+                    s.row,
+                    result=result.value,
+                    meta=self._meta(result, decision),
+                )
         else:
+            meta = self._meta(result, decision)
             meta["conflict"] = is_conflict(result.error)
             attempts.fail_in(conn, s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
-        journal.append_in(
-            conn,
-            s.run_id,
-            "attempt-finished",
-            {
-                "plan_id": s.plan_id,
-                "node_id": s.node_id,
-                "dispatch_key": s.key,
-                "attempt": s.row,
-                "outcome": result.outcome,
-            },
-        )
-        if final is not None:
+        text = finished_text(s.plan_text, s.node_text, s.key, s.row, result.outcome)
+        if text is not None:
+            journal.append_canonical_in(conn, s.run_id, "attempt-finished", text)
+        else:
             journal.append_in(
                 conn,
                 s.run_id,
-                "node-settled",
-                settled_payload(s.plan_id, s.node_id, s.plan_key, s.key, final, s.attempt, s.rebases),
+                "attempt-finished",
+                {
+                    "plan_id": s.plan_id,
+                    "node_id": s.node_id,
+                    "dispatch_key": s.key,
+                    "attempt": s.row,
+                    "outcome": result.outcome,
+                },
             )
-        self.db.on_commit(self._done.set)
+        if final is not None:
+            text = settled_text(s.plan_text, s.node_text, s.plan_key, s.key, final, s.attempt, s.rebases)
+            if text is not None:
+                journal.append_canonical_in(conn, s.run_id, "node-settled", text)
+            else:
+                journal.append_in(
+                    conn,
+                    s.run_id,
+                    "node-settled",
+                    settled_payload(s.plan_id, s.node_id, s.plan_key, s.key, final, s.attempt, s.rebases),
+                )
+        self.db.on_commit(self._state.mark_settled)
+        # The coordinator learns this outcome from the commit itself (``_commits.py``), not from the return.
+        CommitQueue.settled(JobOutcome(s.node_id, result, final, value_json))
+
+    def _meta(self, result: DispatchResult, decision: str | None) -> dict[str, Any]:
+        return {
+            **self.spec.meta,
+            "outcome": result.outcome,
+            "decision": decision,
+            "deviations": [{"kind": d.kind, "paths": list(d.paths)} for d in result.deviations],
+        }
 
     def run(self) -> JobOutcome:
         """Dispatch through the seam; settle the attempt durably (see the module invariants)."""
@@ -241,8 +354,8 @@ class NodeJob:
                 node=self.spec.node_id,
             )
         commit = self.db.write_batched if self.commits is None else self.commits.commit
-        request = replace(self.request, on_settled=self._settle, commit=commit)
+        request = _hooked(self.request, self._settle, commit)
         result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
-        if not self._done.is_set():
+        if not self._state.settled:
             commit(lambda conn: self._settle(conn, result))
-        return JobOutcome(self.spec.node_id, result, final_outcome(result))
+        return JobOutcome(self.spec.node_id, result, final_outcome(result), self._state.text_of(result.value))

@@ -300,6 +300,8 @@ class PlanScheduler:
         if isinstance(defer, str):
             defer = [defer]
         selected = tuple(dict.fromkeys(defer))
+        if not selected:
+            return selected
         has_dependents = {d for n in plan.nodes for d in n.depends_on}
         for node_id in selected:
             if node_id not in plan:

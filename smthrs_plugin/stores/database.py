@@ -7,6 +7,9 @@
   SAVEPOINT of the outer transaction.
 - :meth:`Database.on_commit` callbacks run only after the OUTERMOST commit, in registration order; those of a
   rolled-back savepoint or a retried attempt are discarded.
+- Deferred writes (:meth:`Database.deferred`, only where the transaction's runner allowed them with
+  :meth:`Database.allow_deferred`) are written in that same transaction, at its outermost level: before a savepoint
+  opens and before the commit, so they commit or roll back exactly as if they had run when they were asked.
 - :meth:`Database.next_revision` bumps the revision in the caller's transaction: revision order is commit order.
 - :meth:`Database.write_statement` runs a statement that is a whole write transaction by itself, with the same retry.
 - A :class:`DriverStatement` is compiled once per dialect and runs on the caller's open transaction, with the same
@@ -26,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections import deque, namedtuple
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -251,6 +254,42 @@ class Database:
         """Whether this thread has a write transaction open on this database."""
         return self._handle().tx().conn is not None
 
+    # -- deferred writes (group commits) -------------------------------------------------------------------
+    def allow_deferred(self) -> None:
+        """Let the stores defer their writes in the write transaction open on this thread (at its outermost level):
+        for a runner of many small writes in one transaction (the scheduler's group commits), whose stores then
+        write their rows with one statement per table instead of one per row (see :meth:`deferred`)."""
+        tx = self._handle().tx()
+        if tx.conn is None or len(tx.callbacks) != 1:
+            raise StoreError(
+                "invalid_argument", "allow_deferred() needs the outermost level of an open Database.write"
+            )
+        if tx.deferred is None:
+            tx.deferred = {}
+
+    def deferred(self, key: Any, make: Callable[[], Any]) -> Any | None:
+        """The deferred-write buffer ``key`` of the write transaction open on this thread — made by ``make()`` on
+        first use — or None when that transaction allows none (:meth:`allow_deferred`) or a savepoint is open.
+
+        A buffer has ``flush(conn)``, which writes what it holds; it is called in this transaction, at its
+        outermost level, before any savepoint opens and before the commit (and by :meth:`flush_deferred`), so a
+        buffered write commits or rolls back with the transaction as if it had run at once. The owner of a table
+        flushes before its other statements on it (:meth:`flush_deferred`), so reads and order are unchanged."""
+        tx = self._handle().tx()
+        buffers = tx.deferred
+        if buffers is None or len(tx.callbacks) != 1:
+            return None
+        buffer = buffers.get(key)
+        if buffer is None:
+            buffer = buffers[key] = make()
+        return buffer
+
+    def flush_deferred(self) -> None:
+        """Write the deferred writes of the transaction open on this thread now (nothing outside one)."""
+        tx = self._handle().tx()
+        if tx.deferred:
+            _flush_deferred(tx)
+
     # -- per-database identity and revision ----------------------------------------------------------------
     @property
     def source_id(self) -> str:
@@ -347,6 +386,24 @@ class DriverStatement:
         """Execute a statement that returns no rows; the number of rows it matched."""
         return self._run(conn, params, fetch=False)  # type: ignore[no-any-return]
 
+    def many(self, conn: Connection, params: Sequence[Mapping[str, Any]]) -> None:
+        """Execute a statement that returns no rows once per parameter set, in one driver call (``executemany``:
+        one prepared statement; psycopg pipelines the round trips)."""
+        if not params:
+            return
+        form = self._compiled.get(conn.dialect.name) or self._form(conn.dialect)
+        defaults, make = form.defaults, form.args
+        args = [make({**defaults, **p}) for p in params]
+        driver: Any = conn.connection.driver_connection
+        try:
+            if conn.dialect.name == "sqlite":
+                driver.executemany(form.sql, args)
+            else:
+                with driver.cursor() as cur:
+                    cur.executemany(form.sql, args)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _driver_error(conn, form.sql, args, exc) from exc
+
     def _form(self, dialect: SaDialect) -> _DriverForm:
         form = self._compiled.get(dialect.name)
         if form is None:
@@ -439,6 +496,15 @@ class _Tx:
 
     conn: Connection | None = None
     callbacks: list[list[Callable[[], None]]] = field(default_factory=list)
+    #: Deferred-write buffers of the transaction by key (None: none allowed): :meth:`Database.deferred`.
+    deferred: dict[Any, Any] | None = None
+
+
+def _flush_deferred(tx: _Tx) -> None:
+    buffers = tx.deferred
+    if buffers:
+        for buffer in list(buffers.values()):
+            buffer.flush(tx.conn)
 
 
 def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, list[Callable[[], None]]]:
@@ -456,6 +522,8 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
             _on_driver(conn, h.begin_sql, driver.execute, h.begin_sql)
         try:
             result = fn(conn)
+            if tx.deferred:
+                _flush_deferred(tx)
             if conn.in_transaction():
                 conn.commit()
             else:
@@ -467,7 +535,7 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
         reusable = True
         return result, tx.callbacks[0]
     finally:
-        tx.conn, tx.callbacks = None, []
+        tx.conn, tx.callbacks, tx.deferred = None, [], None
         h.give_back(conn, reusable)
 
 
@@ -510,6 +578,10 @@ def _rollback(conn: Connection) -> None:
 
 def _nested(tx: _Tx, fn: Callable[[Connection], T]) -> T:
     assert tx.conn is not None
+    if tx.deferred:
+        _flush_deferred(
+            tx
+        )  # deferred writes belong to the enclosing level: written before the savepoint opens
     tx.callbacks.append([])
     sp = tx.conn.begin_nested()
     try:

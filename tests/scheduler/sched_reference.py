@@ -126,10 +126,10 @@ class ReferenceCoordinator:
         return True, len(submit) < len(preps)
 
     def _drain(self) -> None:
-        # Jobs hand their settlements to the session's commit queue; commit them, then process finished jobs.
-        done = self.s.commits.wait()
-        if self.s.commits.pending():
-            self.s.flush()
+        # Inline jobs commit their settlements themselves: process the finished jobs.
+        events = self.s.commits.wait()
+        done = events.done
+        self.s.count(events.written)
         for fut in sorted(
             (f for f in done if f in self.running), key=lambda f: self.order.index(self.running[f])
         ):

@@ -82,13 +82,19 @@ def _assert_settlements_atomic(db: Database, run_id: str) -> set[str]:
     return settled
 
 
-def _queue_settlements(
-    queue: CommitQueue, journal: Journal, n: int, refused: int
-) -> tuple[list[Any], dict[int, Any], list[threading.Thread]]:
-    """Start ``n`` jobs that each queue a settlement (job ``refused``'s raises a StoreError after its journal
-    record); return the queued items (once all are waiting on the coordinator), the box their outcomes land in, and
-    the job threads."""
-    outcomes: dict[int, Any] = {}
+def _queue_one_group(
+    queue: CommitQueue, journal: Journal, n: int, refused: int | None, coordinator_write: Any = None
+) -> tuple[dict[Any, Any], list[threading.Thread], Any]:
+    """Make ``n`` jobs' settlements commit as ONE group: a first job leads a commit that holds the lead until the
+    ``n`` others queued theirs (job ``refused``'s raises a StoreError after its journal record) and the coordinator
+    (this thread) pushed ``coordinator_write`` behind them; then the first of them leads the rest together. Returns
+    the box the outcomes land in, the job threads, and the pushed batch (None without one)."""
+    outcomes: dict[Any, Any] = {}
+    release = threading.Event()
+
+    def hold_the_lead(c: Connection) -> str:
+        assert release.wait(DEADLINE_S), "the group never formed"
+        return "first"
 
     def job(i: int) -> None:
         def settle(c: Connection) -> int:
@@ -102,14 +108,23 @@ def _queue_settlements(
         except StoreError as exc:
             outcomes[i] = exc
 
+    first = threading.Thread(target=lambda: outcomes.update(first=queue.commit(hold_the_lead)))
+    first.start()
+    _until(lambda: queue._leading, "the first job to lead")
     threads = [threading.Thread(target=job, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+    _until(lambda: len(queue._queued) == n, "the jobs to queue their settlements")
+    written = queue.push([coordinator_write]) if coordinator_write is not None else None
+    release.set()
+    return outcomes, [first, *threads], written
+
+
+def _until(cond: Any, what: str) -> None:
     deadline = time.monotonic() + DEADLINE_S
-    while len(queue._queued) < n:  # every job is waiting on the coordinator
-        assert time.monotonic() < deadline, "the jobs never queued their settlements"
+    while not cond():
+        assert time.monotonic() < deadline, f"waited too long for {what}"
         time.sleep(0.01)
-    return queue.take(), outcomes, threads
 
 
 def _join(threads: list[threading.Thread]) -> None:
@@ -131,11 +146,9 @@ def test_a_settlement_refused_inside_a_shared_commit_fails_only_its_own_job(tmp_
     db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     journal = Journal(db)
     queue = CommitQueue(db)  # made on this thread: this thread is the coordinator
-    items, outcomes, threads = _queue_settlements(queue, journal, 3, refused=1)
-    db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=True))
-    CommitQueue.release(items)
+    outcomes, threads, _ = _queue_one_group(queue, journal, 3, refused=1)
     _join(threads)
-    assert outcomes[0] == 0 and outcomes[2] == 2
+    assert outcomes["first"] == "first" and outcomes[0] == 0 and outcomes[2] == 2
     assert isinstance(outcomes[1], StoreError) and outcomes[1].code == "invalid_argument"
     assert sorted(e.payload["i"] for e in journal.read("p")) == [0, 2]  # the refused one left nothing
 
@@ -242,22 +255,44 @@ def test_a_dispatcher_that_settles_outside_the_coordinators_commit_is_refused_no
         assert all(r.state != "completed" for rs in _attempts(rt.db, "r1").values() for r in rs)
 
 
-def test_a_queued_settlement_that_raises_without_savepoints_fails_the_whole_transaction(
+def test_a_refused_coordinator_write_fails_its_whole_group_and_reaches_the_coordinator(tmp_path: Path) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    journal = Journal(db)
+    queue = CommitQueue(db)
+
+    def refused(c: Connection) -> None:
+        journal.append_in(c, "p", "coordinator", {})
+        raise StoreError("invalid_argument", "attempt 7 is already taken")
+
+    box, threads, written = _queue_one_group(queue, journal, 2, refused=None, coordinator_write=refused)
+    _join(threads)
+    assert all(isinstance(box[i], StoreError) for i in (0, 1))  # every job of the group got its error
+    assert [e.payload for e in journal.read("p")] == []  # all or nothing
+    try:
+        queue.drive(written)
+    except StoreError as exc:
+        assert exc.code == "invalid_argument"
+    else:
+        raise AssertionError("the coordinator was not told its writes failed")
+
+
+def test_nothing_commits_after_the_queue_is_held_and_held_settlements_run_alone_after_close(
     tmp_path: Path,
 ) -> None:
     db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     journal = Journal(db)
     queue = CommitQueue(db)
-    items, box, threads = _queue_settlements(queue, journal, 2, refused=1)
-    try:
-        db.write(lambda c: CommitQueue.run_in(db, c, items, savepoints=False))
-    except StoreError as exc:
-        CommitQueue.release(items, exc)
-    else:
-        raise AssertionError("a refused settlement committed")
-    _join(threads)
-    assert journal.read("p") == []  # all or nothing: the coordinator then retries with savepoints
-    assert all(isinstance(v, StoreError) for v in box.values())
+    queue.hold()
+    dropped = queue.push([lambda c: journal.append_in(c, "p", "coordinator", {})])
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(r=queue.commit(lambda c: journal.append_in(c, "p", "t", {}))))
+    t.start()
+    _until(lambda: len(queue._queued) == 1, "the settlement to queue")
+    assert journal.read("p") == [] and t.is_alive()  # held: not committed, its job still waits
+    queue.close()
+    t.join(DEADLINE_S)
+    assert not t.is_alive() and [e.type for e in journal.read("p")] == ["t"]  # alone; the dropped write never ran
+    assert dropped.done
 
 
 def test_a_pipelined_job_still_running_when_the_pass_parks_settles_its_attempt_afterwards(

@@ -59,7 +59,9 @@ class Reporting:
         def on_settled(conn: sa.Connection, result: Any) -> None:
             settle(conn, result)
             # The row this settlement completed, in its own transaction (a retried group commit runs it again:
-            # the last value is the committed one).
+            # the last value is the committed one). Read here with SQL of our own, so the rows a group commit
+            # defers (Database.deferred) are written first, as the attempts owner does before its own reads.
+            self.inner.db.flush_deferred()
             row[:] = [
                 conn.execute(
                     sa.select(sa.func.max(attempts.c.attempt)).where(
