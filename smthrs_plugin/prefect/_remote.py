@@ -2,8 +2,9 @@
 (S3) with the coordinator; the workspace never leaves the coordinator's machine.
 
 The coordinator keys, looks up (a hit never involves a worker) and seeds the sandbox; on a miss the body is shipped
-with the sandbox's manifest (missing blobs uploaded, ``boundary/transfer.py``), the worker hydrates an empty tree
-from the store, runs the body and returns the value with a content delta, and the coordinator applies it to its
+with the sandbox's manifest (small files' bytes inline, missing blobs of the others uploaded,
+``boundary/transfer.py``), the worker hydrates an empty tree from those alone, runs the body and returns the value
+with a content delta (small outputs inline, every changed blob stored), and the coordinator applies it to its
 sandbox before the usual diff, copy-back, settlement and publication.
 
 - A worker never opens the workspace path and writes nothing but content-addressed blobs; every durable record is
@@ -34,13 +35,13 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..boundary.fsops import rmtree_force
-from ..boundary.transfer import Delta, Manifest, apply_delta, delta_of, hydrate, manifest_of, upload
+from ..boundary.transfer import Delta, Manifest, apply_delta, delta_of, hydrate, shipped_tree, upload
 from ..engine.context import waits_forbidden
 from ..errors import RemoteError, SettingsError
 from ..scheduler.cancel import NEVER_CANCELLED, CancelToken
@@ -153,11 +154,13 @@ def coordinator_runner() -> Any:
 
 @dataclass(frozen=True)
 class _Shipment:
-    """What crosses to the worker: the body, the tree it starts from, the store both sides reach."""
+    """What crosses to the worker: the body, the tree it starts from, the store both sides reach, and the bytes of
+    the tree's small files by digest (``boundary/transfer.py``: they travel with the task, not through the store)."""
 
     call: Callable[[Path], Any]
     manifest: Manifest
     store: ArtifactStore
+    inline: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,10 @@ def _run_shipment(s: _Shipment, label: str, cancel: CancelToken = NEVER_CANCELLE
     try:
         root = parent / "root"
         root.mkdir()
-        hydrate(s.manifest, s.store, root)
+        hydrate(s.manifest, s.store, root, inline=s.inline)
         with waits_forbidden(f"the remote body {label!r}"):
             value = s.call(root)
-        return _Returned(value, delta_of(root, s.manifest, s.store))
+        return _Returned(value, delta_of(root, s.manifest, s.store, inline=True))
     finally:
         _BODY_CANCEL.reset(reset)
         try:
@@ -350,9 +353,10 @@ class RemoteTarget:
         """Run ``call(tree)`` on a worker, ``tree`` built from ``root``'s content; make ``root`` what the worker's
         tree became; return the body's value (or raise the body's own exception). ``cancel`` firing cancels the
         body's task on a Dask cluster and raises :class:`RemoteInterrupted` (module invariants)."""
-        manifest = manifest_of(root)
-        upload(root, manifest, self.store)
-        shipment = _Shipment(call, manifest, self.store)
+        # Small files ride with the task (read while hashing); only the others go through the store.
+        manifest, inline = shipped_tree(root)
+        upload(root, manifest, self.store, skip=inline)
+        shipment = _Shipment(call, manifest, self.store, inline)
         for attempt in (1, 2):
             if cancel.cancelled:  # interrupted before (another) submission: nothing is shipped
                 raise RemoteInterrupted(label, cancel.reason)
@@ -361,7 +365,7 @@ class RemoteTarget:
                 apply_delta(out.delta, self.store, root)
                 return out.value
             if isinstance(out, RemoteError) and out.code == "input_unavailable" and attempt == 1:
-                upload(root, manifest, self.store, force=True)
+                upload(root, manifest, self.store, force=True, skip=inline)
                 continue
             if isinstance(out, BaseException):
                 raise out

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from ..canonical import canonical_bytes
+from ..canonical import canonical_bytes, sha256_hex
 from ..errors import CanonicalError, StoreError
 from ..settings import Settings, load_settings
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, runs
@@ -57,6 +57,11 @@ __all__ = [
     "decode_run_or_raise",
     "json_column",
     "json_text",
+    "MAX_ID",
+    "check_id",
+    "waiting_for",
+    "suspend_values",
+    "suspend_payload",
 ]
 
 #: Column values that clear a run row's owner, pending claim and waiting payload.
@@ -348,3 +353,52 @@ def decode_run(row: Row[Any]) -> RunRecord:
         result=json_column(row.result_json, "result"),
         error=json_column(row.error_json, "error"),
     )
+
+
+#: The longest id (run, flow, reason, ...) a run row takes.
+MAX_ID = 1024
+
+
+def check_id(name: str, value: Any) -> None:
+    """Refuse (``StoreError(invalid_argument)``) an id that is not a non-empty string of at most :data:`MAX_ID`
+    characters without NUL."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID or "\x00" in value:
+        raise StoreError(
+            "invalid_argument",
+            f"{name} must be a non-empty string of at most {MAX_ID} characters without NUL",
+        )
+
+
+def waiting_for(reason: str, *, wake_at_ms: int | None = None, token: str | None = None) -> Waiting:
+    """The :class:`Waiting` a park records (``token`` stored only as its SHA-256); ``StoreError(invalid_argument)``
+    for a bad reason, deadline or token, before anything is written."""
+    check_id("reason", reason)
+    if wake_at_ms is not None and (not isinstance(wake_at_ms, int) or isinstance(wake_at_ms, bool)):
+        raise StoreError("invalid_argument", f"wake_at_ms must be an int (epoch ms), got {wake_at_ms!r}")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise StoreError("invalid_argument", "token must be a non-empty string")
+    return Waiting(reason, wake_at_ms, None if token is None else sha256_hex(token.encode("utf-8")))
+
+
+def suspend_values(waiting: Waiting, now: int) -> dict[str, Any]:
+    """The run-row values of a park on ``waiting`` at ``now``."""
+    return {
+        **CLEAR_OWNER,
+        **CLEAR_CLAIM,
+        "status": "suspended",
+        "waiting_reason": waiting.reason,
+        "wake_at_ms": waiting.wake_at_ms,
+        "wait_token_digest": waiting.token_digest,
+        "updated_at_ms": now,
+    }
+
+
+def suspend_payload(waiting: Waiting, observed: dict[str, Any]) -> dict[str, Any]:
+    """The ``run-suspended`` record of a park on ``waiting`` whose row observation is ``observed``."""
+    fact: dict[str, Any] = {"reason": waiting.reason}
+    if waiting.wake_at_ms is not None:
+        fact["wake_at_ms"] = waiting.wake_at_ms
+    if waiting.token_digest is not None:
+        fact["token_digest"] = waiting.token_digest
+    fact["fact"] = observed
+    return fact

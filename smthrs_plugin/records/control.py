@@ -86,6 +86,7 @@ __all__ = [
     "admission_in",
     "insert_resume_in",
     "admission_state_in",
+    "admitted_clause",
 ]
 
 #: The source id of a run's ``control.run.accepted`` (source sequence 0): its presence is what makes the run's
@@ -679,6 +680,13 @@ _ADMISSION_STATE = DriverStatement(
         addressed_seq(sa.bindparam("b_run_id"), ACCEPTED_SOURCE, 0),
     )
 )
+
+
+def admitted_clause(run_id: Any) -> sa.ColumnElement[bool]:
+    """``EXISTS`` a ``control_runs`` row for ``run_id`` (a value or bind parameter): the admission probe as a
+    condition, for a statement of another owner that must match only runs the control plane did not admit (the
+    one-statement activation, whose single journal record cannot include ``control.run.running``)."""
+    return sa.exists().where(_A.run_id == run_id)
 
 
 def admission_state_in(conn: Connection, run_id: str) -> tuple[bool, bool]:

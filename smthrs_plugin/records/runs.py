@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._clock import SYSTEM_CLOCK, Clock
-from ..canonical import canonical_bytes, sha256_hex
+from ..canonical import canonical_bytes
 from ..errors import StoreError
 from ..stores.database import Database, DriverStatement
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, meta, run_tombstones, runs
@@ -42,6 +42,7 @@ from ._run_rows import (
     RunRecord,
     Undecodable,
     Waiting,
+    check_id,
     current_owner,
     decode_run,
     decode_run_or_raise,
@@ -51,7 +52,11 @@ from ._run_rows import (
     json_text,
     observation_of,
     observed_row_in,
+    suspend_payload,
+    suspend_values,
+    waiting_for,
 )
+from .control import admitted_clause
 from .journal import Journal
 from .run_dag import (
     ParentExisting,
@@ -67,6 +72,7 @@ from .run_dag import (
 from .run_fence import (
     OWNED,
     FenceRow,
+    Guard,
     RunUpdate,
     assert_owner,
     bump_run,
@@ -99,6 +105,7 @@ __all__ = [
     "Suspended",
     "Tombstone",
     "MAX_LIST_LIMIT",
+    "waiting_for",
     # identity, row shape and decoder (_run_rows)
     "OwnerId",
     "current_owner",
@@ -123,6 +130,7 @@ __all__ = [
     "FenceRow",
     "OWNED",
     "RunUpdate",
+    "Guard",
     "update_run",
     "bump_run",
     "bump_run_observed",
@@ -132,6 +140,7 @@ __all__ = [
     "row_in",
     "RESERVE",
     "ACTIVATE",
+    "ACTIVATE_UNADMITTED",
     "HEARTBEAT",
     "RUN_STATUSES",
     "TERMINAL_STATUSES",
@@ -158,7 +167,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT = 1000
-_MAX_ID = 1024
 
 
 @dataclass(frozen=True)
@@ -275,14 +283,14 @@ class RunStore:
         """Create a ``pending`` run (first writer wins). ``lineage_id`` defaults to the run id (round 0).
 
         A parent is recorded as a DAG edge in the same transaction (cycle-checked)."""
-        _check_id("run_id", run_id)
-        _check_id("flow", flow)
+        check_id("run_id", run_id)
+        check_id("flow", flow)
         if parent_run_id is not None:
-            _check_id("parent_run_id", parent_run_id)
+            check_id("parent_run_id", parent_run_id)
             if parent_run_id == run_id:
                 raise cycle_error(run_id, parent_run_id)
         if lineage_id is not None:
-            _check_id("lineage_id", lineage_id)
+            check_id("lineage_id", lineage_id)
         if not isinstance(round_ordinal, int) or isinstance(round_ordinal, bool) or round_ordinal < 0:
             raise StoreError(
                 "invalid_argument", f"round_ordinal must be a non-negative int, got {round_ordinal!r}"
@@ -445,52 +453,46 @@ class RunStore:
     ) -> Suspended:
         """Park an owned run (fenced): ``suspended``, no owner, waiting ``reason`` (timer|event|released|
         quarantine|...), optional deadline and wake token (only its SHA-256 is stored)."""
-        _check_id("reason", reason)
-        if wake_at_ms is not None and (not isinstance(wake_at_ms, int) or isinstance(wake_at_ms, bool)):
-            raise StoreError("invalid_argument", f"wake_at_ms must be an int (epoch ms), got {wake_at_ms!r}")
-        if token is not None and (not isinstance(token, str) or not token):
-            raise StoreError("invalid_argument", "token must be a non-empty string")
-        waiting = Waiting(reason, wake_at_ms, None if token is None else sha256_hex(token.encode("utf-8")))
+        waiting = waiting_for(reason, wake_at_ms=wake_at_ms, token=token)
+        alone = self.suspend_alone(run_id, owner, waiting)
+        if alone is not None:
+            return alone
+        return self.db.write(lambda conn: self.suspend_in(conn, run_id, owner, waiting))
 
-        def values(now: int) -> dict[str, Any]:
-            return {
-                **CLEAR_OWNER,
-                **CLEAR_CLAIM,
-                "status": "suspended",
-                "waiting_reason": waiting.reason,
-                "wake_at_ms": waiting.wake_at_ms,
-                "wait_token_digest": waiting.token_digest,
-                "updated_at_ms": now,
-            }
-
-        def payload(observed: dict[str, Any]) -> dict[str, Any]:
-            fact: dict[str, Any] = {"reason": reason}
-            if wake_at_ms is not None:
-                fact["wake_at_ms"] = wake_at_ms
-            if waiting.token_digest is not None:
-                fact["token_digest"] = waiting.token_digest
-            fact["fact"] = observed
-            return fact
-
-        # PostgreSQL: the whole transition in one statement when this process's hint of the row still holds.
+    def suspend_alone(
+        self,
+        run_id: str,
+        owner: OwnerId,
+        waiting: Waiting,
+        *,
+        guard: Guard | None = None,
+        guard_params: dict[str, Any] | None = None,
+    ) -> Suspended | None:
+        """PostgreSQL, outside an open write: :meth:`suspend` with ``waiting`` (:func:`waiting_for`) as ONE
+        statement, its journal record included, when this process's hint of the row still holds and ``guard``
+        (a condition of the caller's, e.g. "no pending clock") does too. None, with nothing written, otherwise
+        (and always on SQLite): then run :meth:`suspend_in` in a transaction, which decides and raises."""
         alone = bump_run_journaled(
             self.db,
             run_id,
-            values(self.clock.now_ms()),
+            suspend_values(waiting, self.clock.now_ms()),
             owner=owner,
             journal=self.journal,
             type="run-suspended",
-            payload=payload,
+            payload=lambda _seen, fact: suspend_payload(waiting, fact),
+            guard=guard,
+            guard_params=guard_params,
         )
-        if alone is not None:
-            return Suspended(run_id, waiting, alone[0])
+        return None if alone is None else Suspended(run_id, waiting, alone[0])
 
-        def fn(conn: Connection) -> Suspended:
-            rev, observed = bump_run_observed(conn, self.db, run_id, values(self.clock.now_ms()), owner=owner)
-            self.journal.append_in(conn, run_id, "run-suspended", payload(observed))
-            return Suspended(run_id, waiting, rev)
-
-        return self.db.write(fn)
+    def suspend_in(self, conn: Connection, run_id: str, owner: OwnerId, waiting: Waiting) -> Suspended:
+        """:meth:`suspend` with ``waiting`` (:func:`waiting_for`) on ``conn``, the connection of the caller's open
+        write (no savepoint of its own): fenced, ``FenceLost`` (nothing written) when ``owner`` does not hold it."""
+        rev, observed = bump_run_observed(
+            conn, self.db, run_id, suspend_values(waiting, self.clock.now_ms()), owner=owner
+        )
+        self.journal.append_in(conn, run_id, "run-suspended", suspend_payload(waiting, observed))
+        return Suspended(run_id, waiting, rev)
 
     # -- deletion ---------------------------------------------------------------------------------------------
     def delete(self, run_id: str, *, force: bool = False) -> Deleted | NotFound:
@@ -523,8 +525,8 @@ class RunStore:
     # -- run DAG ----------------------------------------------------------------------------------------------
     def record_run_parent(self, child_id: str, parent_id: str) -> ParentRecorded | ParentExisting:
         """Record the edge child → parent (first writer wins); ``RunParentCycleError`` leaves nothing behind."""
-        _check_id("child_id", child_id)
-        _check_id("parent_id", parent_id)
+        check_id("child_id", child_id)
+        check_id("parent_id", parent_id)
         if child_id == parent_id:
             raise cycle_error(child_id, parent_id)
         return self.db.write(lambda c: self._record_parent(c, child_id, parent_id))
@@ -597,14 +599,6 @@ def _ack_values(owner: OwnerId, now: int) -> dict[str, Any]:
     }
 
 
-def _check_id(name: str, value: Any) -> None:
-    if not isinstance(value, str) or not value or len(value) > _MAX_ID or "\x00" in value:
-        raise StoreError(
-            "invalid_argument",
-            f"{name} must be a non-empty string of at most {_MAX_ID} characters without NUL",
-        )
-
-
 # -- ownership transitions (engine.ownership judges; these statements are the writes) -------------------------
 
 _r = runs.c
@@ -641,26 +635,38 @@ RESERVE = RunUpdate(
     ),
     returning=OBSERVED_COLUMNS,
 )
+_ACTIVATE_VALUES: dict[str, Any] = {
+    "status": "running",
+    "owner_host": sa.bindparam("b_host"),
+    "owner_pid": sa.bindparam("b_pid"),
+    "owner_nonce": sa.bindparam("b_nonce"),
+    "owner_proc_start": sa.bindparam("b_proc_start", type_=sa.Text),
+    "heartbeat_at_ms": sa.bindparam("b_now"),
+    **{c: None for c in CLEAR_CLAIM},
+    **{c: None for c in CLEAR_WAIT},
+    "started_at_ms": sa.func.coalesce(_r.started_at_ms, sa.bindparam("b_now", type_=sa.BigInteger)),
+    "updated_at_ms": sa.bindparam("b_now"),
+}
+_ACTIVATE_WHERE = sa.and_(
+    _r.claim_token == sa.bindparam("b_token"),
+    _r.status == sa.bindparam("b_from_status"),
+    _r.waiting_reason.is_not_distinct_from(sa.bindparam("b_from_reason", type_=sa.Text)),
+)
 #: Activate a reserved claim: matches only while the row still carries the token, status and waiting reason.
 ACTIVATE = RunUpdate(
-    {
-        "status": "running",
-        "owner_host": sa.bindparam("b_host"),
-        "owner_pid": sa.bindparam("b_pid"),
-        "owner_nonce": sa.bindparam("b_nonce"),
-        "owner_proc_start": sa.bindparam("b_proc_start", type_=sa.Text),
-        "heartbeat_at_ms": sa.bindparam("b_now"),
-        **{c: None for c in CLEAR_CLAIM},
-        **{c: None for c in CLEAR_WAIT},
-        "started_at_ms": sa.func.coalesce(_r.started_at_ms, sa.bindparam("b_now", type_=sa.BigInteger)),
-        "updated_at_ms": sa.bindparam("b_now"),
-    },
-    where=sa.and_(
-        _r.claim_token == sa.bindparam("b_token"),
-        _r.status == sa.bindparam("b_from_status"),
-        _r.waiting_reason.is_not_distinct_from(sa.bindparam("b_from_reason", type_=sa.Text)),
-    ),
+    _ACTIVATE_VALUES,
+    where=_ACTIVATE_WHERE,
     returning=OBSERVED_COLUMNS,  # cancel_requested_at_ms is among them
+)
+#: :data:`ACTIVATE` for :meth:`RunUpdate.write_journaled` (PostgreSQL, one statement with ``run-activated``): it
+#: also matches only a run the control plane did not admit, because an admitted run's activation must journal
+#: ``control.run.running`` in the same transaction, which one record cannot. Asking inside the statement saves the
+#: separate admission read (a read transaction) every activation paid before it; a miss writes nothing and the
+#: caller takes the transaction path, which journals both.
+ACTIVATE_UNADMITTED = RunUpdate(
+    _ACTIVATE_VALUES,
+    where=sa.and_(_ACTIVATE_WHERE, ~admitted_clause(sa.bindparam("b_run_id"))),
+    returning=OBSERVED_COLUMNS,
     journaled=True,
 )
 

@@ -24,12 +24,25 @@ from sqlalchemy.engine import Connection, Row
 
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
-from ..errors import CanonicalError, StoreError
-from ..stores.database import Database
+from ..errors import CanonicalError, FenceLost, StoreError
+from ..stores.database import Database, DriverStatement
 from ..stores.schema import TERMINAL_STATUSES, runs
 from ..stores.wait_tables import clock_deadlines, deferred_completions
 from .journal import Journal
-from .runs import CLEAR_CLAIM, CLEAR_WAIT, OwnerId, RunStore, assert_owner, bump_run, execution_fact
+from .runs import (
+    CLEAR_CLAIM,
+    CLEAR_WAIT,
+    Guard,
+    OwnerId,
+    RunStore,
+    assert_owner,
+    bump_run,
+    bump_run_journaled,
+    bump_run_observed,
+    row_in,
+    status_in,
+    waiting_for,
+)
 from .wait_rows import (
     WAITING_COLUMNS,
     AlreadyCompleted,
@@ -426,21 +439,45 @@ class WaitStore:
                 "Ownership.release)",
             )
 
+        # PostgreSQL: the whole park in ONE statement (its record included) when this process's hint of the row
+        # holds and the park needs no decision from another table: with ``auto``, no pending clock (else it is a
+        # timer wait, whose deadline must be read); with ``deferred``, no completion yet (else it wakes at once).
+        # The guard is evaluated by the statement itself, so a clock or completion committed just before it makes
+        # it miss; a miss writes nothing and the transaction below decides as always.
+        if self.db.dialect == "postgresql" and not self.db.in_write():
+            plain = self.runs.suspend_alone(
+                run_id,
+                owner,
+                waiting_for("event" if reason == "auto" else reason, token=token),
+                guard=_PARK_GUARDS[(reason == "auto", deferred is not None)],
+                guard_params=None if deferred is None else {"g_deferred": deferred},
+            )
+            if plain is not None:
+                return Parked(
+                    run_id,
+                    decode_wait(plain.waiting.reason, None, plain.waiting.token_digest),
+                    plain.revision,
+                )
+
         def fn(conn: Connection) -> Parked | NotFound:
-            exists = conn.execute(sa.select(_r.run_id).where(_r.run_id == run_id)).first()
-            if exists is None:
-                return NotFound(run_id)
             earliest = _earliest_pending(conn, run_id) if reason == "auto" else None
             if earliest is not None:
-                s = self.runs.suspend(run_id, owner, "timer", wake_at_ms=earliest, token=token)
+                waiting = waiting_for("timer", wake_at_ms=earliest, token=token)
+            else:
+                waiting = waiting_for("event" if reason == "auto" else reason, token=token)
+            try:
+                # On the write's own connection: no savepoint (a fenced miss writes nothing to roll back).
+                s = self.runs.suspend_in(conn, run_id, owner, waiting)
+            except FenceLost:
+                if status_in(conn, run_id) is None:
+                    return NotFound(run_id)
+                raise
+            if earliest is not None:
                 wait: Wait = TimerWait(earliest, s.waiting.token_digest)
             else:
-                s = self.runs.suspend(run_id, owner, "event" if reason == "auto" else reason, token=token)
                 wait = decode_wait(s.waiting.reason, None, s.waiting.token_digest)
-            if deferred is not None:
-                flow = conn.execute(sa.select(_r.flow).where(_r.run_id == run_id)).scalar_one()
-                if conn.execute(_deferred_q(flow, run_id, deferred)).first() is not None:
-                    self._wake_in(conn, run_id)
+            if deferred is not None and _DEFERRED_DONE.first(conn, {"b_run_id": run_id, "b_name": deferred}):
+                self._wake_in(conn, run_id)
             return Parked(run_id, wait, s.revision)
 
         return self.db.write(fn)
@@ -448,14 +485,39 @@ class WaitStore:
     def wake(self, run_id: str) -> Woken | NotWaiting | NotFound:
         """Make a parked run runnable: ``pending``, waiting cleared, claimable by any driver; journals
         ``run-woken``. Anything that is not ``suspended`` answers ``NotWaiting``."""
+        woken = self._wake_alone(run_id)
+        if woken is not None:
+            return woken
         return self.db.write(lambda c: self._wake_in(c, run_id))
 
+    def _wake_alone(self, run_id: str) -> Woken | None:
+        # PostgreSQL: the wake and its record as ONE statement when this process's hint of the row (e.g. from its
+        # own park) still holds; the statement matches only while the row is exactly that suspended row, so the
+        # journaled ``from_reason`` and fact are the true ones. None (nothing written): the transaction path.
+        was: list[Wait] = []
+
+        def payload(seen: Any, fact: dict[str, Any]) -> dict[str, Any] | None:
+            if seen.status != "suspended":
+                return None
+            try:
+                was.append(decode_wait(seen.waiting_reason, seen.wake_at_ms, seen.wait_token_digest))
+            except Undecodable:
+                return None  # the transaction path reads the row and reports it corrupt
+            return {"from_reason": was[0].reason, "fact": fact}
+
+        done = bump_run_journaled(
+            self.db,
+            run_id,
+            _wake_values(self._time.now_ms()),
+            owner=None,
+            journal=self.journal,
+            type="run-woken",
+            payload=payload,
+        )
+        return None if done is None else Woken(run_id, was[0], done[0])
+
     def _wake_in(self, conn: Connection, run_id: str) -> Woken | NotWaiting | NotFound:
-        row = conn.execute(
-            sa.select(_r.status, _r.waiting_reason, _r.wake_at_ms, _r.wait_token_digest).where(
-                _r.run_id == run_id
-            )
-        ).first()
+        row = row_in(conn, run_id)
         if row is None:
             return NotFound(run_id)
         if row.status != "suspended":
@@ -464,13 +526,9 @@ class WaitStore:
             was = decode_wait(row.waiting_reason, row.wake_at_ms, row.wait_token_digest)
         except Undecodable as exc:
             raise point_read_failed("waiting run", run_id, exc) from exc
-        now = self._time.now_ms()
-        rev = bump_run(
-            conn, self.db, run_id, {**CLEAR_WAIT, **CLEAR_CLAIM, "status": "pending", "updated_at_ms": now}
-        )
-        self.journal.append_in(
-            conn, run_id, "run-woken", {"from_reason": was.reason, "fact": execution_fact(conn, run_id)}
-        )
+        # The fact comes from the update's own RETURNING (the row as this transaction leaves it), not a read.
+        rev, fact = bump_run_observed(conn, self.db, run_id, _wake_values(self._time.now_ms()))
+        self.journal.append_in(conn, run_id, "run-woken", {"from_reason": was.reason, "fact": fact})
         return Woken(run_id, was, rev)
 
     # -- the waiting taxonomy ------------------------------------------------------------------------------
@@ -532,11 +590,44 @@ class WaitStore:
 # -------------------------------------------------------------------------------------------------------------
 
 
+_EARLIEST_PENDING = DriverStatement(
+    sa.select(sa.func.min(_k.due_at_ms)).where(
+        _k.execution_id == sa.bindparam("b_run_id"), _k.completed_at_ms.is_(None)
+    )
+)
+
+
 def _earliest_pending(conn: Connection, run_id: str) -> int | None:
-    v = conn.execute(
-        sa.select(sa.func.min(_k.due_at_ms)).where(_k.execution_id == run_id, _k.completed_at_ms.is_(None))
-    ).scalar()
-    return None if v is None else int(v)
+    row = _EARLIEST_PENDING.first(conn, {"b_run_id": run_id})
+    return None if row is None or row[0] is None else int(row[0])
+
+
+# Whether the deferred ``b_name`` of run ``b_run_id`` completed (its address's flow is the run's).
+_DEFERRED_DONE = DriverStatement(
+    sa.select(sa.literal(1)).where(
+        sa.exists().where(
+            _d.execution_id == sa.bindparam("b_run_id"),
+            _d.name == sa.bindparam("b_name"),
+            _d.flow == sa.select(_r.flow).where(_r.run_id == sa.bindparam("b_run_id")).scalar_subquery(),
+        )
+    )
+)
+
+# The guards of a one-statement park, over the run row being updated (correlated): (auto, deferred) -> guard.
+_NO_PENDING_CLOCK = ~sa.exists().where(_k.execution_id == _r.run_id, _k.completed_at_ms.is_(None))
+_NOT_COMPLETED = ~sa.exists().where(
+    _d.flow == _r.flow, _d.execution_id == _r.run_id, _d.name == sa.bindparam("g_deferred", type_=sa.Text)
+)
+_PARK_GUARDS: dict[tuple[bool, bool], Guard | None] = {
+    (False, False): None,
+    (True, False): Guard("park-auto", _NO_PENDING_CLOCK),
+    (False, True): Guard("park-deferred", _NOT_COMPLETED),
+    (True, True): Guard("park-auto-deferred", sa.and_(_NO_PENDING_CLOCK, _NOT_COMPLETED)),
+}
+
+
+def _wake_values(now: int) -> dict[str, Any]:
+    return {**CLEAR_WAIT, **CLEAR_CLAIM, "status": "pending", "updated_at_ms": now}
 
 
 def _deferred_q(flow: str, execution_id: str, name: str) -> Any:

@@ -21,7 +21,7 @@ import pytest
 
 import smthrs_plugin as sp
 import smthrs_plugin.errors as errors_mod
-from smthrs_plugin.boundary.transfer import Delta, Entry, manifest_of, upload
+from smthrs_plugin.boundary.transfer import INLINE_FILE_MAX, Delta, Entry, manifest_of, upload
 from smthrs_plugin.errors import RemoteError, SettingsError, SmthrsError, WaitError
 from smthrs_plugin.prefect._remote import RemoteTarget, _Box, _Returned, _run_body, _Shipment, execution_for
 from smthrs_plugin.prefect.host import PrefectHost
@@ -378,9 +378,17 @@ def test_run_ships_the_body_applies_its_delta_to_the_root_and_returns_its_value(
     assert (tree / "in" / "data.txt").read_bytes() == b"input bytes"
 
 
+def _store_only_input(tree: Path) -> bytes:
+    """Make the input too large to travel inline: it goes through the store (boundary/transfer.py)."""
+    data = b"input bytes " + b"x" * INLINE_FILE_MAX
+    (tree / "in" / "data.txt").write_bytes(data)
+    return data
+
+
 def test_run_reuploads_every_input_with_force_and_submits_again_when_the_worker_finds_one_missing(
     tree: Path, store: ArtifactStore
 ) -> None:
+    data = _store_only_input(tree)
     digest = manifest_of(tree)["in/data.txt"].digest
 
     def lose_on_first(n: int) -> None:
@@ -392,12 +400,13 @@ def test_run_reuploads_every_input_with_force_and_submits_again_when_the_worker_
     assert target.run("n #1 · remote", _write_result, tree) == {"lines": 1}
     assert len(runner.submitted) == 2
     assert store.has(digest)
-    assert (tree / "out" / "result.txt").read_bytes() == b"INPUT BYTES"
+    assert (tree / "out" / "result.txt").read_bytes() == data.upper()
 
 
 def test_run_fails_with_input_unavailable_when_the_input_is_missing_again_after_the_reupload(
     tree: Path, store: ArtifactStore
 ) -> None:
+    _store_only_input(tree)
     digest = manifest_of(tree)["in/data.txt"].digest
     runner = StandInRunner(before_run=lambda n: store.delete_blob(digest))
     target = RemoteTarget.of(runner, store, "remote")

@@ -5,13 +5,13 @@ The cluster is real: a ``dask scheduler`` and two ``dask worker`` processes (``e
 mount namespace of their own where an empty, read-only tmpfs covers the directory every workspace of this module
 lives in. A worker that opened a workspace path would find nothing there (and anything it wrote would vanish with
 its namespace), so a run that completes with the right bytes in the workspace proves the bodies got their inputs
-from S3 and sent their outputs back through it. A negative control checks the hiding itself: a body that reads the
-workspace by absolute path fails.
+from the coordinator (through S3, or inline with the task for small files) and sent their outputs back the same
+way. A negative control checks the hiding itself: a body that reads the workspace by absolute path fails.
 
 Failure modes pinned here: a worker killed mid-body (Dask reschedules it; the node settles once), an input blob
-missing from or corrupted in the store (uploaded again once; a second loss is the node's typed failure), a worker
-whose clock is off (no timestamp crosses: its mtimes never reach the workspace, a touched read is no change), an
-artifact store the workers cannot reach (refused, typed).
+missing from or corrupted in the store (an input too large to travel inline: uploaded again once; a second loss is
+the node's typed failure), a worker whose clock is off (no timestamp crosses: its mtimes never reach the workspace,
+a touched read is no change), an artifact store the workers cannot reach (refused, typed).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import cloudpickle
 import pytest
 
 import smthrs_plugin as sp
+from smthrs_plugin.boundary.transfer import INLINE_FILE_MAX
 from smthrs_plugin.errors import RemoteError, SchedulerError
 from smthrs_plugin.prefect import _remote
 from smthrs_plugin.prefect.host import PrefectHost
@@ -253,7 +254,8 @@ def test_a_timer_node_stays_on_the_coordinator_while_work_is_shipped(
 
 class _LosingStore:
     """Wraps the transfer's upload so the store loses what was just uploaded (a lifecycle rule, an operator's
-    cleanup): ``times`` uploads lose their blobs; ``corrupt`` replaces them with other bytes instead."""
+    cleanup): ``times`` uploads lose their blobs; ``corrupt`` replaces them with other bytes instead. Only blobs
+    that go through the store can be lost: a small file travels inline (:func:`_store_only_input`)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int, corrupt: bool = False) -> None:
         self.calls: list[bool] = []
@@ -261,12 +263,12 @@ class _LosingStore:
         self.corrupt = corrupt
         real = _remote.upload
 
-        def upload(root: Path, manifest: Any, store: Any, *, force: bool = False) -> int:
-            sent = real(root, manifest, store, force=force)
+        def upload(root: Path, manifest: Any, store: Any, *, force: bool = False, **kw: Any) -> int:
+            sent = real(root, manifest, store, force=force, **kw)
             self.calls.append(force)
             if len(self.calls) <= self.times:
                 for e in manifest.values():
-                    if e.kind == "file":
+                    if e.kind == "file" and e.digest not in kw.get("skip", ()):
                         if self.corrupt:
                             store.fs.pipe_file(
                                 store.blob_path(e.digest), b"not the bytes you are looking for"
@@ -278,6 +280,11 @@ class _LosingStore:
         monkeypatch.setattr(_remote, "upload", upload)
 
 
+def _store_only_input(ws: Path, i: int) -> None:
+    """Make input ``i`` too large to travel inline: it goes through the store (boundary/transfer.py)."""
+    (ws / f"in/part-{i}.txt").write_bytes(b"part %d " % i + b"z" * INLINE_FILE_MAX)
+
+
 @pytest.mark.parametrize("corrupt", [False, True], ids=["missing", "corrupt"])
 def test_an_input_blob_lost_from_the_store_is_uploaded_again_once_and_the_node_builds(
     cluster: str,
@@ -287,6 +294,7 @@ def test_an_input_blob_lost_from_the_store_is_uploaded_again_once_and_the_node_b
     monkeypatch: pytest.MonkeyPatch,
     corrupt: bool,
 ) -> None:
+    _store_only_input(ws, 0)
     losing = _LosingStore(monkeypatch, times=1, corrupt=corrupt)
     plan = sp.plan.compile_plan("lossy", "tests/remote", [render_node(ws, 0)])
     report = run_on_cluster(cluster, ws, f"sqlite:///{tmp_path / 'state.db'}", s3_artifacts, plan)
@@ -302,6 +310,7 @@ def test_an_input_blob_lost_twice_fails_the_node_with_a_typed_error_and_writes_n
     s3_artifacts: tuple[str, dict[str, str]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _store_only_input(ws, 0)
     losing = _LosingStore(monkeypatch, times=2)
     plan = fan_in_plan(ws, n=1)
     report = run_on_cluster(cluster, ws, f"sqlite:///{tmp_path / 'state.db'}", s3_artifacts, plan)

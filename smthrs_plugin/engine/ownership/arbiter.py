@@ -29,6 +29,7 @@ from ...errors import FenceLost, StoreError
 from ...records.journal import Journal, addressed_seq
 from ...records.runs import (
     ACTIVATE,
+    ACTIVATE_UNADMITTED,
     CLEAR_CLAIM,
     CLEAR_OWNER,
     CLEAR_WAIT,
@@ -47,7 +48,7 @@ from ...records.runs import (
 from ...records.runs import row_in as _select_row
 from ...settings import Settings, load_settings
 from ...stores.database import Database
-from ..facts import control_admitted_in, control_running_in
+from ..facts import control_running_in
 from .liveness import Alive, Dead, LeaseLiveness, LivenessCheck, LivenessContext, process_start_token
 
 __all__ = [
@@ -377,9 +378,10 @@ class Ownership:
 
     def _activate_write(self, run_id: str, reserved: _Reserved) -> ClaimDecision:
         # The one-statement path journals only ``run-activated``; a control-admitted run also needs its
-        # ``control.run.running`` in the same transaction, so it takes the multi-statement path. Reading the
-        # admission first is safe: it commits with the run row and never changes.
-        if self.db.dialect == "postgresql" and not self.db.read(lambda c: control_admitted_in(c, run_id)):
+        # ``control.run.running`` in the same transaction, so that statement matches only a run the control plane
+        # did not admit (asked in the statement itself: no read first) and an admitted one takes the
+        # multi-statement path.
+        if self.db.dialect == "postgresql":
             done = self._activate_alone(run_id, reserved)
             if done is not None:
                 return done
@@ -404,7 +406,9 @@ class Ownership:
             "run-activated",
             self._activation_payload(reserved.status, reserved.waiting_reason, fact_of(after)),
         )
-        done = ACTIVATE.write_journaled(self.db, self._activate_params(run_id, reserved, now), seen, record)
+        done = ACTIVATE_UNADMITTED.write_journaled(
+            self.db, self._activate_params(run_id, reserved, now), seen, record
+        )
         if done is None:
             return None
         remember_observed(self.db, done)
