@@ -141,6 +141,10 @@ class Runtime:
                     size_caps=SizeCaps.from_settings(self.settings),
                     revocation_refresh_s=self.settings.cache_revocation_refresh_s,
                     codecs=self.codecs,
+                    # Shared entries are published off each node's path; close() waits for them, and a crash
+                    # leaves spool markers the next runtime over this workspace republishes.
+                    background_publish=True,
+                    spool=self.settings.state_dir / "publishing",
                 )
             return self._dispatcher
 
@@ -285,8 +289,19 @@ class Runtime:
         """Plan actions from plugins (``call: <name>`` in plan files)."""
         return self.plugins.actions()
 
+    def drain_publications(self) -> None:
+        """Wait for every shared-tier publication this runtime's dispatcher queued so far (none built yet: free);
+        raises the first database failure one met journaling its outcome."""
+        with self._lock:
+            dispatcher = self._dispatcher
+        drain = getattr(dispatcher, "drain", None)  # a replaced seam (tests, benchmarks) may have none
+        if drain is not None:
+            drain()
+
     def close(self) -> None:
-        """Close the hosts of the schedulers this runtime made; release the measurer's pinned root."""
+        """Close the hosts of the schedulers this runtime made; wait for the dispatcher's queued shared-tier
+        publications (raising the first failure one met, after everything is closed); release the measurer's
+        pinned root."""
         for s in self._schedulers:
             s.close()
         self._schedulers.clear()
@@ -295,11 +310,17 @@ class Runtime:
             h.close()
         with self._lock:
             measurer, dispatcher = self._measurer, self._dispatcher
-        if measurer is not None:
-            measurer.close()
-        local = getattr(dispatcher, "local", None)  # a replaced seam (tests, benchmarks) may have none
-        if local is not None:
-            local.close()  # the hit path's change probe holds a connection of its own
+        try:
+            close = getattr(dispatcher, "close", None)  # a replaced seam (tests, benchmarks) may have none
+            if close is not None:
+                close()  # drains its publications; releases the hit path's change probe connection
+            else:
+                local = getattr(dispatcher, "local", None)
+                if local is not None:
+                    local.close()
+        finally:
+            if measurer is not None:
+                measurer.close()
 
     def __enter__(self) -> Runtime:
         return self

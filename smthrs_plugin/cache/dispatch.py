@@ -8,7 +8,11 @@ Invariants
 - **One decision per consult** (sealed only, counted once final); non-sealed tiers do not consult.
 - **Per-key serialisation** in a process: the second dispatch of a key is served what the first published.
 - **Publication order**: blobs → the local row in the SAME transaction as ``request.on_settled`` → the shared
-  entry after commit, blobs first. A failed shared publication is journaled and never fails the dispatch.
+  entry after commit, blobs first. A failed shared publication is journaled and never fails the dispatch. With
+  ``background_publish`` the shared entry is published by the dispatcher's worker (:mod:`._publisher`):
+  ``published["shared"] == "queued"``, its final status in ``result.publication``; :meth:`CacheDispatcher.drain`
+  and :meth:`CacheDispatcher.close` wait for every queued one, and a crash leaves a spool marker the next
+  dispatcher over the same spool republishes.
 - **Admission** (:mod:`.admission`): only admitted results are stored ``shared`` and published; a value no codec
   stores exactly is not stored (or fails a ``require_cacheable_value`` build with ``value_uncacheable``).
 - **Freshness is the request's, never the key's**: ``max_age_ms``, ``refresh`` and ``no_cache`` decide what is
@@ -60,8 +64,18 @@ from ..records.runs import assert_owner
 from ..settings import load_cache_settings
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
+from ._publisher import (
+    QUEUED,
+    Addressed,
+    BackgroundPublisher,
+    Marker,
+    Publication,
+    Spool,
+    publish_now,
+    recover,
+)
 from ._serve import Refused, replay_entry, same_expansion, served_state, still_served, verify_entry
-from ._support import KEY_LOCKS, PhaseTimer
+from ._support import KEY_LOCKS, BlobSink, BlobSource, PhaseTimer, condemnation, expired_age, renewal
 from .admission import Admissible, admission_claims, admit, read_set_verified, reads_expanded
 from .bounds import SizeCaps, check_size
 from .entry import CacheEntry, NotCacheable, Scope, check_cacheable
@@ -72,14 +86,13 @@ from .model import (
     DispatchResult,
     Execute,
     Miss,
-    ReplayFailed,
     SandboxMode,
     StaleReadSet,
     Unmeasurable,
     UnverifiableEvidence,
     VerifiedHit,
 )
-from .shared import PublicationFailed, Published, Refusal, Replaced, SharedTier, same_store
+from .shared import Refusal, SharedTier
 from .signing import (
     SigningKey,
     Trust,
@@ -126,19 +139,6 @@ class _Consulted:
     condemned: dict[str, str] = field(default_factory=dict)
 
 
-#: Replay refusals that judge the entry itself: its key folds the declaration, so every requester of that key
-#: would refuse it the same way (unlike a stale read set or a directory in this workspace's way).
-_CONDEMNING_REPLAY_CODES = frozenset({"reserved_path", "undeclared_output", "undeclared_removal"})
-
-
-def _condemnation(decision: CacheDecision) -> str | None:
-    if isinstance(decision, UnverifiableEvidence):
-        return decision.reason
-    if isinstance(decision, ReplayFailed) and decision.code in _CONDEMNING_REPLAY_CODES:
-        return f"{decision.code}: {decision.reason}"
-    return None
-
-
 class _FailedOutcome(Exception):
     """Carries a ``failed`` result through the dispatch observer so it is counted as a ``Failure`` exit."""
 
@@ -166,6 +166,10 @@ class CacheDispatcher:
     revocation view of a LOCAL hit may be (None → ``SMTHRS_CACHE_REVOCATION_REFRESH_S``, 60 s). ``codecs``:
     the value codecs results are stored and read back with (None → the built-ins,
     :func:`~smthrs_plugin.codecs.default_registry`; the runtime passes its plugins' registry).
+    ``background_publish``: shared entries are published after the dispatch returns, by one worker thread
+    (``published["shared"] == "queued"``; :meth:`drain`/:meth:`close` wait for them); False (the default):
+    before it returns. ``spool``: the directory whose markers let the next dispatcher over it republish what a
+    crash left unpublished (background only; the runtime passes ``<workspace>/.smthrs/publishing``).
     """
 
     def __init__(
@@ -187,6 +191,8 @@ class CacheDispatcher:
         size_caps: SizeCaps | None = None,
         revocation_refresh_s: float | None = None,
         codecs: CodecRegistry | None = None,
+        background_publish: bool = False,
+        spool: str | Path | None = None,
     ) -> None:
         if sandbox_mode not in ("hermetic", "whole-tree"):
             raise _invalid(f"sandbox_mode {sandbox_mode!r} is neither 'hermetic' nor 'whole-tree'")
@@ -225,6 +231,11 @@ class CacheDispatcher:
         self.limits = limits
         self.temp_dir = temp_dir
         self.codecs: CodecRegistry = codecs if codecs is not None else default_registry()
+        self._spool = Spool(spool, self.host_id) if spool is not None and background_publish else None
+        self._publisher: BackgroundPublisher | None = None
+        if background_publish:
+            self._publisher = BackgroundPublisher(self._publish_queued, spool=self._spool)
+            self.recover_publications()
 
     @property
     def _signer(self) -> SigningKey | None:
@@ -250,6 +261,8 @@ class CacheDispatcher:
         return result
 
     def _dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
+        if self._publisher is not None:  # per-key order: an older build of this key publishes first
+            self._publisher.wait_for_key(request.key)
         timer = PhaseTimer()
         if request.tier != "sealed" or request.no_cache:
             return self._build(request, execute, None, timer)
@@ -370,14 +383,14 @@ class CacheDispatcher:
                 # request whoever asks, like a condemned entry).
                 self._expire(request, judged.entry, expired)
                 seen.unservable.add(judged.entry_id)
-                seen.condemned[judged.entry_id] = f"expired ({_age(expired)})"
+                seen.condemned[judged.entry_id] = f"expired ({expired_age(expired)})"
                 shared_failure = shared_failure or expired
                 continue
             outcome = self._serve(request, judged.entry, "shared", None, timer)
             if isinstance(outcome, DispatchResult):
                 return outcome.decision or VerifiedHit("shared"), outcome
             seen.unservable.add(judged.entry_id)
-            if (why := _condemnation(outcome)) is not None:
+            if (why := condemnation(outcome)) is not None:
                 seen.condemned[judged.entry_id] = why
             if isinstance(outcome, (StaleReadSet, Unmeasurable)):
                 return outcome, None  # this workspace's reads: every publisher's copy would fail the same way
@@ -532,7 +545,7 @@ class CacheDispatcher:
     def _decode_value(self, entry: CacheEntry, tier: str) -> Any:
         """The entry's stored value decoded by the codecs, or :class:`Refused` (never served, never run as code)."""
         try:
-            return self.codecs.decode(entry.value, _BlobSource(self))
+            return self.codecs.decode(entry.value, BlobSource(self.artifacts, self.shared_store, self.shared))
         except CodecError as exc:
             reason = f"{exc.code}: {exc.message}"
         except ArtifactError as exc:
@@ -680,7 +693,7 @@ class CacheDispatcher:
             )
             return self._commit(request, failed, None, None)
         try:
-            stored = self.codecs.encode(value, _BlobSink(self.artifacts))
+            stored = self.codecs.encode(value, BlobSink(self.artifacts))
             cacheable = check_cacheable(stored)
         except CodecError as exc:
             cacheable = NotCacheable(exc.message)
@@ -742,7 +755,7 @@ class CacheDispatcher:
                 "attempt": request.attempt,
                 "host": self.host_id,
                 "created_at_ms": self.clock.now_ms(),
-                **_renewal(decision),
+                **renewal(decision),
                 # How the body was kept from the live workspace (``smthrs cache explain`` shows it).
                 **({"isolation": isolation} if isolation is not None else {}),
             },
@@ -758,9 +771,17 @@ class CacheDispatcher:
         rival = self._shared_rival(request, entry, seen)
         if rival is not None and not request.nondeterministic:
             return self._commit(request, self._mismatch(request, built, rival, "shared"), None, None)
-        result = self._commit(request, built, entry, None)
-        if result.outcome == "built" and request.publish_shared and rival is None:
-            result = self._publish_shared(request, entry, result, seen)
+        publish = request.publish_shared and rival is None
+        # The marker precedes the commit: a crash after it always leaves one to republish from.
+        marker = self._mark(request, entry, seen) if publish else None
+        try:
+            result = self._commit(request, built, entry, None)
+        except BaseException:
+            self._unmark(marker)
+            raise
+        if result.outcome == "built" and publish:
+            return self._publish_shared(request, entry, result, seen, marker)
+        self._unmark(marker)
         return result
 
     def _shared_rival(
@@ -836,7 +857,12 @@ class CacheDispatcher:
         return self._write(request, tx)
 
     def _publish_shared(
-        self, request: DispatchRequest, entry: CacheEntry, result: DispatchResult, seen: _Consulted
+        self,
+        request: DispatchRequest,
+        entry: CacheEntry,
+        result: DispatchResult,
+        seen: _Consulted,
+        marker: Path | None = None,
     ) -> DispatchResult:
         if self._signer is None:
             self._journal(
@@ -849,44 +875,57 @@ class CacheDispatcher:
                 },
             )
             return _published(result, "unpublished:unsigned")
-        try:
-            outcome = self.shared.publish(entry, self.artifacts, condemned=seen.condemned)
-        except PublicationFailed as failed:
-            log.warning(
-                "could not publish %s to the shared tier %s (stage %s): %s; the run continues, the entry stays local",
-                entry.name,
-                self.shared_store.url,
-                failed.stage,
-                failed.cause,
-            )
-            self._journal(
-                request, {"action": "unpublished", "stage": failed.stage, "reason": str(failed.cause)}
-            )
-            return _published(result, f"unpublished:{failed.stage}")
-        if isinstance(outcome, Published):
-            return _published(result, "published")
-        if isinstance(outcome, Replaced):
-            # Our own name held a document that was not servable (planted, damaged, revoked, blobs missing):
-            # quarantine never blocks — the honest entry took its place.
-            self._journal(request, {"action": "replaced", "tier": "shared", "reason": outcome.reason})
-            return _published(result, "published")
-        winner = outcome.winner
-        if winner.result == entry.result or entry.nondeterministic:
-            if winner.result != entry.result:
-                self._journal(request, {"action": "kept-first-writer", "tier": "shared"})
-            return _published(result, "existing")
-        # A rival host with our key published a different result between our pre-check and now: our local commit
-        # stands (it cannot be undone), but this host stops serving it and follows the shared winner from now on.
-        self._invalidate(request, entry.name, "result-mismatch")
-        self._journal(
-            request,
-            {
-                "action": "unpublished",
-                "stage": "result_mismatch",
-                "reason": "another host published a different result",
-            },
+        pub = Publication(
+            request.run_id, request.node_id, request.key, entry, dict(seen.condemned), marker=marker
         )
-        return _published(result, "unpublished:result_mismatch")
+        if self._publisher is not None and self._publisher.offer(pub):
+            return dataclasses.replace(
+                result, published={**result.published, "shared": QUEUED}, publication=pub.future
+            )
+        # Inline (the default, or back-pressure from a full queue): fenced like the dispatch's other records.
+        pub.owner = request.owner
+        status = self._publish_queued(pub)
+        self._unmark(marker)
+        return _published(result, status)
+
+    def _publish_queued(self, pub: Publication) -> str:
+        return publish_now(self.shared, self.artifacts, pub, self._journal, self._invalidate)
+
+    def _mark(self, request: DispatchRequest, entry: CacheEntry, seen: _Consulted) -> Path | None:
+        """The spool marker of a background publication about to be committed (None: published inline)."""
+        if self._spool is None or self._signer is None:
+            return None
+        created = entry.provenance.get("created_at_ms")
+        return self._spool.write(
+            Marker(request.key, request.run_id, request.node_id, created, dict(seen.condemned))
+        )
+
+    def _unmark(self, marker: Path | None) -> None:
+        if marker is not None and self._spool is not None:
+            self._spool.remove(marker)
+
+    def recover_publications(self) -> int:
+        """Queue what a stopped process of this host left unpublished in the spool (a crash after a local commit;
+        :func:`._publisher.recover`); returns how many. Called when the dispatcher is built."""
+        if self._spool is None or self._publisher is None:
+            return 0
+        return recover(self._spool, self._publisher, self.local.lookup, self._publish_queued)
+
+    def drain(self) -> None:
+        """Wait until every shared publication queued so far has run (their outcomes are journaled and in each
+        result's ``publication``); raise the first database failure one met. Free without a background
+        publisher."""
+        if self._publisher is not None:
+            self._publisher.drain()
+
+    def close(self) -> None:
+        """Drain the background publisher and stop its worker (later publications run inline); release the local
+        tier's change probe."""
+        try:
+            if self._publisher is not None:
+                self._publisher.close()
+        finally:
+            self.local.close()
 
     def _journal_refusal(self, request: DispatchRequest, refusal: Refusal) -> None:
         self._journal(
@@ -908,75 +947,29 @@ class CacheDispatcher:
         commit = request.commit
         return commit(tx) if commit is not None else self.db.write_batched(tx)  # type: ignore[no-any-return]
 
-    def _fence(self, conn: Connection, request: DispatchRequest) -> None:
+    def _fence(self, conn: Connection, request: Addressed) -> None:
         if request.owner is not None:
             assert_owner(conn, request.run_id, request.owner)
 
-    def _journal_in(self, conn: Connection, request: DispatchRequest, payload: dict[str, Any]) -> None:
+    def _journal_in(self, conn: Connection, request: Addressed, payload: dict[str, Any]) -> None:
         self.journal.append_in(
             conn, request.run_id, PROVENANCE_EVENT, {"key": request.key, "node": request.node_id, **payload}
         )
 
-    def _journal(self, request: DispatchRequest, payload: dict[str, Any]) -> None:
+    def _journal(self, request: Addressed, payload: dict[str, Any]) -> None:
         def tx(conn: Connection) -> None:
             self._fence(conn, request)
             self._journal_in(conn, request, payload)
 
         self.db.write(tx)
 
-    def _invalidate(self, request: DispatchRequest, row_key: str, reason: str) -> None:
+    def _invalidate(self, request: Addressed, row_key: str, reason: str) -> None:
         def tx(conn: Connection) -> None:
             self._fence(conn, request)
             if self.local.invalidate_in(conn, row_key):
                 self._journal_in(conn, request, {"action": "invalidated", "reason": reason})
 
         self.db.write(tx)
-
-
-class _BlobSink:
-    """Codec payloads go to the local artifact store (content-addressed); publication copies them to the shared
-    tier before the entry (``entry_digests``)."""
-
-    def __init__(self, store: ArtifactStore) -> None:
-        self.store = store
-
-    def put(self, data: bytes) -> str:
-        return self.store.put_bytes(data)
-
-
-class _BlobSource:
-    """Codec payloads are read from the local artifact store; one missing there (a shared-tier hit on a fresh
-    host) is hydrated once from the shared store. Every read is verified against its digest by the store."""
-
-    def __init__(self, dispatcher: CacheDispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    def get(self, digest: str) -> bytes:
-        d = self.dispatcher
-        try:
-            return d.artifacts.get_bytes(digest)
-        except ArtifactError as exc:
-            if exc.code != "not_found" or same_store(d.artifacts, d.shared_store):
-                raise
-        d.shared.hydrate([digest], d.artifacts)
-        return d.artifacts.get_bytes(digest)
-
-
-def _age(miss: Miss) -> str:
-    """``"<age> old, over the limit <max age>"`` of an expired miss, in seconds."""
-    age = "of unknown age" if miss.age_ms is None else f"{miss.age_ms / 1000:g} s old"
-    return f"{age}, over the limit {(miss.max_age_ms or 0) / 1000:g} s"
-
-
-def _renewal(decision: CacheDecision | None) -> dict[str, Any]:
-    """The provenance member of an entry built because an earlier one of its key expired or was refreshed (what
-    ``smthrs cache explain`` shows: the key did not change, its entry was renewed)."""
-    if not isinstance(decision, Miss) or decision.reason is None:
-        return {}
-    renewed: dict[str, Any] = {"reason": decision.reason}
-    if decision.reason == "expired":
-        renewed.update(tier=decision.where, age_ms=decision.age_ms, max_age_ms=decision.max_age_ms)
-    return {"renewed": renewed}
 
 
 def _published(result: DispatchResult, status: str) -> DispatchResult:

@@ -17,7 +17,8 @@ Invariants
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -156,10 +157,30 @@ class DispatchResult:
     error: BaseException | None = None
     published: Mapping[str, str] = field(
         default_factory=dict
-    )  # tier -> "published" | "existing" | "unpublished:<stage>"
+    )  # tier -> "published" | "existing" | "unpublished:<stage>" | "queued" (shared, in the background)
     # Additive (cache engineer): milliseconds spent per phase of this dispatch ("lookup", "verify", "replay",
     # "execute", "publish"); for benchmarks and debugging, never part of any key.
     timings: Mapping[str, float] = field(default_factory=dict)
+    #: The final ``published["shared"]`` of a publication the dispatcher's background publisher runs after this
+    #: result was returned (``published["shared"] == "queued"``); None otherwise. :meth:`final_published` reads it.
+    publication: Future[str] | None = field(default=None, compare=False, repr=False)
+
+    def final_published(self, timeout: float | None = None) -> Mapping[str, str]:
+        """``published`` with a queued shared publication's final status, waiting for it up to ``timeout``
+        seconds (None: as long as it takes; ``CacheDispatcher.drain`` waits for every one). Raises what the
+        publication met (a database failure journaling its outcome), or ``TimeoutError``."""
+        if self.publication is None:
+            return self.published
+        return {**self.published, "shared": self.publication.result(timeout)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A queued publication's future stays in this process; a copy elsewhere keeps saying "queued".
+        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "publication"}
+        return (_result, (state,))
+
+
+def _result(state: dict[str, Any]) -> DispatchResult:
+    return DispatchResult(**state)
 
 
 #: The executor the seam runs on a miss: called with the root of the sandbox tree the body must treat as its

@@ -57,7 +57,10 @@ def content_keyed(draft: NodeDraft) -> bool:
 
 def measure_reads(measurer: Measurer, declaration: Declaration) -> tuple[tuple[str, str], ...]:
     """Measure every declared read now: ``((path, digest), ...)`` sorted by path, ``"absent"`` for a declared exact
-    path that does not exist. ``BoundaryError`` when the workspace cannot be measured."""
+    path that does not exist. ``BoundaryError`` when the workspace cannot be measured. No declared read: nothing
+    to measure, so the workspace is not touched (a hit pays no system call for it)."""
+    if not declaration.reads:
+        return ()
     measured = measurer.measure_entries(declaration.reads)
     return tuple((p, s.digest if s is not None else ABSENT_FILE) for p, s in measured.items())
 

@@ -70,7 +70,7 @@ from ._deployment import (
     settled_signal,
 )
 from ._stepjournal import flush_hits
-from .steprun import StepContext, current_spec
+from .steprun import StepContext, current_spec, finish_background_work
 
 __all__ = [
     "FLOW_PREFIX",
@@ -325,6 +325,7 @@ def _settle_flow_run(flow: Any, flow_run: Any, state: Any) -> None:
     if fr is None:
         return
     flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    finish_background_work(fr.ctx)  # its entries are in the shared tier, its page names its run
     if fr.active is None:
         return
     instead = _conclude(fr, fr.active, state)
@@ -443,6 +444,7 @@ def _conclude_completed(flow_run_id: Any, state: Any) -> Any:
             return None
         del _FLOW_RUNS[str(flow_run_id)]
     flush_hits(fr.ctx.run_id)  # buffered hit records land before the run is settled
+    finish_background_work(fr.ctx)  # its entries are in the shared tier, its page names its run
     return _conclude(fr, fr.active, state)
 
 

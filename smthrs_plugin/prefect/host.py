@@ -10,6 +10,8 @@ submitted through the current flow run's task runner (threads, processes or Dask
   on the flow's own thread.
 - Where a body runs (in process, ``shared``, ``remote``) is decided per submission (:func:`._remote.execution_for`);
   every write is fenced by the run's owner token.
+- The coordinator hears a node's outcome as soon as it is durable: from inside its task run on an in-process
+  runner (before Prefect records the run's final state), from the task run's future otherwise.
 - Completions are mirrored as Prefect events (:mod:`._events`) once the outcome is durable, and a parked plan run
   is announced (:func:`run_plan_in_flow`); Prefect being unreachable never changes a node's outcome.
 
@@ -20,10 +22,11 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -41,7 +44,7 @@ from . import _events
 from ._events import artifact_key
 from ._flowrun import pause_flow_run
 from ._remote import RemoteExecutor, RemoteTarget, coordinator_runner, dask_client, execution_for
-from ._taskstate import returned
+from ._taskstate import completed, failed, returned
 from ._worker import WorkerDispatcher
 from .environment import startup_timeout_updates, translated_startup_timeout
 
@@ -60,6 +63,8 @@ __all__ = [
     "EVENT_PREFIX",
 ]
 
+log = logging.getLogger(__name__)
+
 #: Prefect event names are ``smthrs.node.<outcome>`` (catalogue: :mod:`._events`).
 EVENT_PREFIX = _events.NODE_PREFIX
 
@@ -77,12 +82,15 @@ def flow_run_active() -> bool:
 
 
 class _JobBox:
-    """Keeps the job opaque to Prefect's parameter walkers (``visit_collection`` descends into dataclasses)."""
+    """Keeps the job opaque to Prefect's parameter walkers (``visit_collection`` descends into dataclasses).
+    ``settled``: told the job's outcome in the task run itself, as soon as it is durable (in-process runners
+    only: never pickled)."""
 
-    __slots__ = ("job",)
+    __slots__ = ("job", "settled")
 
-    def __init__(self, job: NodeJob) -> None:
+    def __init__(self, job: NodeJob, settled: Callable[[JobOutcome], None] | None = None) -> None:
         self.job = job
+        self.settled = settled
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_JobBox, (self.job,))
@@ -92,21 +100,21 @@ class _JobBox:
 
 
 def _run_node(box: _JobBox, node: str, attempt: int) -> Any:
-    """The body of every node task run (module-level so it pickles by reference)."""
-    from prefect.states import Completed, Failed
-
+    """The body of every node task run (module-level so it pickles by reference). Its state carries the outcome
+    in memory already (:mod:`._taskstate`): Prefect builds no result record of its own."""
     outcome: JobOutcome = box.job.run()
+    if box.settled is not None:
+        # Durable now: the coordinator schedules the dependents while Prefect finishes this task run's states.
+        box.settled(outcome)
     r = outcome.result
     if r.outcome == "clean":
         tier = getattr(r.decision, "tier", None) or "unknown"
         # The time a node hit saved is in the run's Report artifact (its durations), not read here per node.
-        return Completed(
-            name="Cached", message=f"smthrs: verified cache hit {r.key}; {tier} tier", data=outcome
-        )
+        return completed(outcome, name="Cached", message=f"smthrs: verified cache hit {r.key}; {tier} tier")
     if r.outcome == "failed":
         name = "Conflict" if is_conflict(r.error) else "Failed"
-        return Failed(name=name, message=error_line(r.error) or "node failed", data=outcome)
-    return outcome
+        return failed(outcome, name=name, message=error_line(r.error) or "node failed")
+    return completed(outcome)
 
 
 class PrefectHost:
@@ -182,7 +190,24 @@ class PrefectHost:
         task = self._task(spec.node_id, spec.plan_id)
         out: Future[Any] = Future()
         started = time.perf_counter()
-        pf = runner.submit(task, {"box": _JobBox(job), "node": spec.node_id, "attempt": spec.attempt})
+        elapsed: list[float] = []
+        settle_lock = threading.Lock()
+
+        def settled(data: JobOutcome) -> None:
+            # The settlement is durable once the job returned: the coordinator may schedule the node's dependents
+            # now — from the task run itself on an in-process runner (before Prefect records its final state),
+            # else from its future — and the event (which reports that durable fact) follows without delaying them.
+            with settle_lock:
+                if out.done():
+                    return
+                elapsed.append((time.perf_counter() - started) * 1000.0)
+                with self._lock:  # before the coordinator hears of it: the Report artifact reads it
+                    self.durations_ms[spec.node_id] = elapsed[0]
+                out.set_result(data)
+
+        # ``settled`` stays behind when the box is pickled to a worker process: there only the future tells.
+        box = _JobBox(job, settled)
+        pf = runner.submit(task, {"box": box, "node": spec.node_id, "attempt": spec.attempt})
         with self._lock:
             self.task_runs.setdefault(spec.node_id, []).append(str(pf.task_run_id))
         flow_ctx = contextvars.copy_context()
@@ -194,17 +219,21 @@ class PrefectHost:
                 state = fut.state
                 data = returned(state)
             except BaseException as exc:  # the bridge itself failed: the coordinator must hear it
-                out.set_exception(exc)
+                if not out.done():
+                    out.set_exception(exc)
                 return
             if isinstance(data, JobOutcome):
-                elapsed = (time.perf_counter() - started) * 1000.0
-                with self._lock:  # before the coordinator hears of it: the Report artifact reads it
-                    self.durations_ms[spec.node_id] = elapsed
-                # The settlement is durable once the job returned: the coordinator may schedule the node's
-                # dependents now, and the event (which reports that durable fact) follows without delaying them.
-                out.set_result(data)
+                settled(data)
                 if self.emit_events:
-                    flow_ctx.run(_emit, job, data, str(fut.task_run_id), flow_run_id, elapsed)
+                    flow_ctx.run(_emit, job, data, str(fut.task_run_id), flow_run_id, elapsed[0])
+            elif out.done():  # the durable outcome was told already; Prefect's ending of the run is display
+                log.warning(
+                    "node %s settled, but its Prefect task run %s ended %s (%s)",
+                    spec.node_id,
+                    fut.task_run_id,
+                    state.type.value,
+                    state.message,
+                )
             elif isinstance(data, BaseException):
                 out.set_exception(data)
             else:

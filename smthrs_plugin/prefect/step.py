@@ -60,8 +60,9 @@ from ._refusals import told
 from ._remote import RemoteTarget, StepBody, coordinator_runner, execution_for
 from ._stepjournal import build_ms, record_settled, remember_build
 from ._steprequest import check_path_arguments, request_for
+from ._taskstate import completed
 from .environment import give_ephemeral_server_time
-from .steprun import StepContext, standalone_run
+from .steprun import StepContext, describe_later, standalone_run
 from .workspace import Workspace, with_workspace
 
 __all__ = ["step", "Step", "Workspace", "CONTEXT_PARAM", "STEP_EVENT_PREFIX", "default_environment"]
@@ -432,9 +433,7 @@ def _dispatch(
             raise err
         raise CacheError("not_found", f"step {spec.identity} failed without an error")  # pragma: no cover
     if result.outcome == "clean" and as_state:
-        from prefect.states import Completed
-
-        return Completed(name="Cached", message=_cached_message(rt, result), data=result.value)
+        return completed(result.value, name="Cached", message=_cached_message(rt, result))
     return result.value
 
 
@@ -538,7 +537,7 @@ def _tell(
     if ctx.flow_run_id is not None and ctx.owner.pid == os.getpid():
         # A @step flow run has no Report: its page names its smthrs run once (the flow run's own process only;
         # a worker process would attach a duplicate version of the same artifact).
-        _events.describe_flow_run(ctx.run_id, ctx.flow_run_id)
+        describe_later(ctx.run_id, ctx.flow_run_id)
 
 
 class _Call:

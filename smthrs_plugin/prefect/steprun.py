@@ -8,6 +8,10 @@ Invariants
 - Outside any flow run (a step called as a plain function, or from a detached context with no token) each call
   is its own short run (``step-<uuid>``): created, claimed, heartbeated while it runs and settled at once.
 - Runtimes are opened from plain data (:class:`RuntimeSpec`) once per process and reused (warm stat cache).
+- **A run's entries are in the shared tier when it ends**: its runtime publishes them in the background, and the
+  end of a standalone run or a flow run waits for what is queued (:func:`drain_publications`). Likewise the
+  artifact naming a flow run's smthrs run is attached off the first call's path (:func:`describe_later`) and
+  is there when the flow run ends (:func:`finish_background_work`).
   A store named by a Prefect block travels as the block's NAME (``artifacts_block``), never as its credentials:
   each process that opens the spec loads the block itself (once, with the runtime).
 """
@@ -21,6 +25,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +44,9 @@ __all__ = [
     "current_spec",
     "standalone_run",
     "open_runtimes",
+    "drain_publications",
+    "describe_later",
+    "finish_background_work",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,6 +102,55 @@ def open_runtimes() -> list[Runtime]:
     """The runtimes steps opened in this process (for tests and shutdown)."""
     with _RT_LOCK:
         return [rt for (pid, _), rt in _RUNTIMES.items() if pid == os.getpid()]
+
+
+def drain_publications(spec: RuntimeSpec) -> None:
+    """Wait for the shared-tier publications queued by this process's runtime for ``spec`` (none opened: free);
+    raises the first database failure one met journaling its outcome."""
+    with _RT_LOCK:
+        rt = _RUNTIMES.get((os.getpid(), spec))
+    if rt is not None:
+        rt.drain_publications()
+
+
+_DESCRIBING: dict[str, Future[bool]] = {}
+_DESCRIBING_LOCK = threading.Lock()
+_DESCRIBER: ThreadPoolExecutor | None = None
+#: Flow runs whose description is remembered at most (a flow run that never ends here is forgotten past this).
+_DESCRIBING_MAX = 4096
+
+
+def describe_later(run_id: str, flow_run_id: str) -> None:
+    """Attach to ``flow_run_id`` the artifact naming its smthrs run (``_events.describe_flow_run``: one Prefect API
+    call per flow run) on a background thread, once: a call does not wait for the API."""
+    global _DESCRIBER
+    if flow_run_id in _DESCRIBING:  # every call after the first of its flow run: read without the lock
+        return
+    from . import _events
+
+    with _DESCRIBING_LOCK:
+        if flow_run_id in _DESCRIBING:
+            return
+        if len(_DESCRIBING) >= _DESCRIBING_MAX:
+            _DESCRIBING.clear()
+        if _DESCRIBER is None:
+            _DESCRIBER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smthrs-describe")
+        # Prefect's settings and API client are context variables: the worker runs in this call's context.
+        context = contextvars.copy_context()
+        _DESCRIBING[flow_run_id] = _DESCRIBER.submit(
+            context.run, _events.describe_flow_run, run_id, flow_run_id
+        )
+
+
+def finish_background_work(ctx: StepContext) -> None:
+    """Before ``ctx``'s run ends: its flow run's description is attached (never raises: it is a display link,
+    logged when it fails) and the shared-tier publications queued by its runtime in this process are done."""
+    if ctx.flow_run_id is not None:
+        with _DESCRIBING_LOCK:
+            described = _DESCRIBING.pop(ctx.flow_run_id, None)
+        if described is not None:
+            described.result()
+    drain_publications(ctx.spec)
 
 
 @contextmanager
@@ -215,6 +272,7 @@ def standalone_run(flow: str) -> Iterator[StepContext]:
             raise
         finally:
             flush_hits(run_id)
+            drain_publications(spec)
             lease.stop_heartbeat()
             if not isinstance(
                 error, FenceLost

@@ -104,9 +104,12 @@ def make_machine(
     clock: Clock = SYSTEM_CLOCK,
     size_caps: SizeCaps | None = None,
     revocation_refresh_s: float = 60.0,
+    background: bool = False,
 ) -> Machine:
     """A machine under ``base/name``. ``trust`` defaults to :func:`team_trust` of ``base``: every machine of one
-    test signs with, and trusts, one team key (as a CI fleet configured with SMTHRS_CACHE_SIGNING_KEY would)."""
+    test signs with, and trusts, one team key (as a CI fleet configured with SMTHRS_CACHE_SIGNING_KEY would).
+    ``background``: its dispatcher publishes to the shared tier in the background (spool ``base/name/spool``), as a
+    runtime's does."""
     root = base / name
     ws = root / "ws"
     ws.mkdir(parents=True)
@@ -132,6 +135,8 @@ def make_machine(
         clock=clock,
         size_caps=size_caps or SizeCaps(),
         revocation_refresh_s=revocation_refresh_s,
+        background_publish=background,
+        spool=root / "spool" if background else None,
     )
     return Machine(root, ws, db, artifacts, shared, measurer, dispatcher, journal, metrics)
 
