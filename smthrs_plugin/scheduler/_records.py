@@ -45,44 +45,33 @@ def _int(v: Any) -> str | None:
     return str(v)
 
 
+def _members(*members: tuple[str, str | None]) -> str | None:
+    """``{"name":text,...}`` from members given in RFC 8785 order; None when any text is None (not provable)."""
+    if any(text is None for _, text in members):
+        return None
+    return "{" + ",".join(f'"{name}":{text}' for name, text in members) + "}"
+
+
 def scheduled_text(plan: str | None, node: str | None, key: str, attempt: int, waited: int) -> str | None:
     """``node-scheduled {plan_id, node_id, dispatch_key, attempt, waited}``; ``plan``/``node`` are
     :func:`quoted` texts."""
-    k, a, w = quoted(key), _int(attempt), _int(waited)
-    if plan is None or node is None or k is None or a is None or w is None:
-        return None
-    return (
-        '{"attempt":'
-        + a
-        + ',"dispatch_key":'
-        + k
-        + ',"node_id":'
-        + node
-        + ',"plan_id":'
-        + plan
-        + ',"waited":'
-        + w
-        + "}"
+    return _members(
+        ("attempt", _int(attempt)),
+        ("dispatch_key", quoted(key)),
+        ("node_id", node),
+        ("plan_id", plan),
+        ("waited", _int(waited)),
     )
 
 
 def finished_text(plan: str | None, node: str | None, key: str, attempt: int, outcome: str) -> str | None:
     """``attempt-finished {plan_id, node_id, dispatch_key, attempt, outcome}``."""
-    k, a, o = quoted(key), _int(attempt), quoted(outcome)
-    if plan is None or node is None or k is None or a is None or o is None:
-        return None
-    return (
-        '{"attempt":'
-        + a
-        + ',"dispatch_key":'
-        + k
-        + ',"node_id":'
-        + node
-        + ',"outcome":'
-        + o
-        + ',"plan_id":'
-        + plan
-        + "}"
+    return _members(
+        ("attempt", _int(attempt)),
+        ("dispatch_key", quoted(key)),
+        ("node_id", node),
+        ("outcome", quoted(outcome)),
+        ("plan_id", plan),
     )
 
 
@@ -96,26 +85,17 @@ def settled_text(
     rebases: int,
 ) -> str | None:
     """``node-settled {plan_id, node_id, plan_key, dispatch_key?, outcome, attempts, rebases}`` (``job.settled_payload``)."""
-    pk, o, a, r = quoted(plan_key), quoted(outcome), _int(attempts), _int(rebases)
-    k = "" if key is None else quoted(key)
-    if plan is None or node is None or pk is None or o is None or a is None or r is None or k is None:
-        return None
-    return (
-        '{"attempts":'
-        + a
-        + (',"dispatch_key":' + k if key is not None else "")
-        + ',"node_id":'
-        + node
-        + ',"outcome":'
-        + o
-        + ',"plan_id":'
-        + plan
-        + ',"plan_key":'
-        + pk
-        + ',"rebases":'
-        + r
-        + "}"
-    )
+    members: list[tuple[str, str | None]] = [("attempts", _int(attempts))]
+    if key is not None:
+        members.append(("dispatch_key", quoted(key)))
+    members += [
+        ("node_id", node),
+        ("outcome", quoted(outcome)),
+        ("plan_id", plan),
+        ("plan_key", quoted(plan_key)),
+        ("rebases", _int(rebases)),
+    ]
+    return _members(*members)
 
 
 def begin_meta_text(meta: dict[str, Any]) -> str | None:
