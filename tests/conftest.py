@@ -73,6 +73,29 @@ hypothesis_settings.load_profile("smthrs")
 
 POSTGRES_URL = os.environ.get("SMTHRS_TEST_POSTGRES_URL")
 
+# Longest files first (tests/file_weights.txt, written by tools/test_weights.py from a make test report). Under
+# --dist loadfile a file runs on one worker; handed out in collection order, the longest start first and the end
+# of the run is short files on both workers instead of one long file alone. pytest-xdist's own reordering (by test
+# count, which puts a four-test, five-minute file last) is switched off so this order is the one used.
+_WEIGHTS = Path(__file__).with_name("file_weights.txt")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    weights: dict[str, float] = {}
+    for line in _WEIGHTS.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            seconds, rel = line.split(" ", 1)
+            weights[rel] = float(seconds)
+    root = config.rootpath
+    # sort is stable: a file's tests keep their order, and unlisted files keep theirs after the listed ones
+    items.sort(key=lambda item: -weights.get(item.path.relative_to(root).as_posix(), 0.0))
+
+
 
 def _fresh_postgres_database(base_url: str) -> tuple[str, str]:
     import sqlalchemy as sa
