@@ -116,9 +116,9 @@ class Marker:
 
 @dataclass
 class Publication:
-    """One entry to publish, addressed like its dispatch. ``owner``: the fence of its records (None once it left
-    the dispatch: a queued publication may finish after its run settled — its records are facts about the shared
-    tier, as every ``@step``'s cache records are, not the run's state)."""
+    """One entry to publish, addressed like its dispatch. ``owner``: the fence of its records (its dispatch's owner;
+    None for a dispatch outside an owned run, and for a marker republished by the next runtime after a crash: the
+    process that owned the run is gone, and the records say what became of its build)."""
 
     run_id: str
     node_id: str

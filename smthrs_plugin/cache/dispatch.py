@@ -875,15 +875,22 @@ class CacheDispatcher:
                 },
             )
             return _published(result, "unpublished:unsigned")
+        # Its records are fenced like the dispatch's other records, inline or queued: whoever queued it waits for
+        # it before its run ends (a scheduler pass before it returns, a step before its run settles), so a queued
+        # publication journals while its owner still holds the run, and a zombie's is refused (FenceLost).
         pub = Publication(
-            request.run_id, request.node_id, request.key, entry, dict(seen.condemned), marker=marker
+            request.run_id,
+            request.node_id,
+            request.key,
+            entry,
+            dict(seen.condemned),
+            owner=request.owner,
+            marker=marker,
         )
         if self._publisher is not None and self._publisher.offer(pub):
             return dataclasses.replace(
                 result, published={**result.published, "shared": QUEUED}, publication=pub.future
             )
-        # Inline (the default, or back-pressure from a full queue): fenced like the dispatch's other records.
-        pub.owner = request.owner
         status = self._publish_queued(pub)
         self._unmark(marker)
         return _published(result, status)

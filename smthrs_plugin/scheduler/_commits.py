@@ -32,7 +32,9 @@ Invariants
   After :meth:`CommitQueue.close` (an abort) queued and later settlements run on the job's own thread as
   ordinary group-committed writes, and queued coordinator writes are dropped (an abort discards them);
   :meth:`CommitQueue.hold` (what an interrupt does first) waits out the commit in flight and commits nothing
-  more, so the attempts it then marks ``failed`` can neither begin nor settle behind its back.
+  more, so the attempts it then marks ``failed`` can neither begin nor settle behind its back; the coordinator
+  writes it took off the queue are handed to the interrupt (:meth:`CommitQueue.take_held`), which commits them with
+  its marking: a pipelined job already runs, and its begin must not be lost with them.
 - Jobs in other processes never see this queue (it does not pickle); they commit themselves, fenced.
 """
 
@@ -129,6 +131,8 @@ class CommitQueue:
         self._done: list[Future[Any]] = []
         self._written: list[Any] = []
         self._failures: list[BaseException] = []
+        #: Coordinator writes :meth:`hold` took off the queue, for the interrupt (:meth:`take_held`).
+        self._held_writes: list[Write] = []
         #: Jobs whose outcome the coordinator learned from their committed settlement: their futures need not wake it.
         self._early: set[int] = set()
 
@@ -259,15 +263,24 @@ class CommitQueue:
         return written
 
     def hold(self) -> None:
-        """Commit no more groups: wait out the one in flight, drop the coordinator's queued writes and refuse later
-        ones; settlements queue and wait for :meth:`close`. What an interrupt does first, so the attempts it then
-        marks ``failed`` can neither begin nor settle behind its back."""
+        """Commit no more groups: wait out the one in flight, take the coordinator's queued writes off the queue
+        (for :meth:`take_held`) and refuse later ones; settlements queue and wait for :meth:`close`. What an
+        interrupt does first, so the attempts it then marks ``failed`` can neither begin nor settle behind its
+        back."""
         with self._cv:
             self._held = True
             self._writes_open = False
-            self._drop_writes()
+            self._held_writes += self._drop_writes()
             while self._leading:
                 self._cv.wait()
+
+    def take_held(self) -> list[Write]:
+        """The coordinator writes :meth:`hold` took off the queue, in queue order (and forget them). They include
+        the begins of pipelined jobs that already run: the interrupt commits them in its own transaction, before
+        it marks what is still ``started``, so every body that ran has its attempt."""
+        with self._cv:
+            held, self._held_writes = self._held_writes, []
+        return held
 
     def close(self) -> None:
         """Stop serving: every queued and later settlement commits on its job's own thread; queued coordinator
@@ -285,14 +298,17 @@ class CommitQueue:
         with self._cv:
             self._cv.notify_all()
 
-    def _drop_writes(self) -> None:
-        kept = []
+    def _drop_writes(self) -> list[Write]:
+        kept: list[_Entry] = []
+        dropped: list[Write] = []
         for item in self._queued:
             if item.fn is None:
                 item.state = "dropped"
+                dropped += item.writes or ()
             else:
                 kept.append(item)
         self._queued = kept
+        return dropped
 
     # -- the leader ----------------------------------------------------------------------------------------
     def _lead(self, me: _Entry | None = None) -> None:

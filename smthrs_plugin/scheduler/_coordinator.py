@@ -182,6 +182,8 @@ class Coordinator:
             self._join_finishing()
             self.s.flush(everything=True)
             self.s.commits.close()
+            for err in self.s.await_publications():
+                raise err
             return self.s.report()
         except BaseException as exc:
             mapped = self._abort(exc)
@@ -206,6 +208,7 @@ class Coordinator:
                 cleanup = self.s.fail_running()
                 self.s.commits.close()
                 self._wait_running(keep_open=False)
+                cleanup += self.s.await_publications()
             else:
                 # What this pass decided before the failure (pipelined begins, settlements of replays) and the
                 # settlements jobs queued are true facts: commit them, so running jobs can settle. A lost fence
@@ -221,6 +224,7 @@ class Coordinator:
                 self.s.commits.close()
                 self._wait_running(keep_open=True)
                 cleanup = early + ([] if isinstance(exc, FenceLost) else self.s.cleanup())
+                cleanup += self.s.await_publications()
         finally:
             for node_id in list(self.timing):
                 self._untime(node_id, exc)

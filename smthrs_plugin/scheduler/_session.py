@@ -43,6 +43,7 @@ from ..plan import Plan, PlanNode
 from ..plan.keys import resolve_refs
 from ..records.attempts import AttemptRecord, AttemptStore
 from ..records.journal import Journal
+from ..records.run_fence import fenced_block
 from ..records.runs import OwnerId, assert_owner
 from ..stores.artifacts import ArtifactStore
 from ..stores.database import Database
@@ -157,6 +158,9 @@ class RunSession:
         self.commits = CommitQueue(cfg.db, cfg.run_id, cfg.owner)
         self._pending: list[Write] = []
         self._metric_outcomes: list[Outcome] = []
+        #: Shared-tier publications this pass's in-process jobs queued (``published["shared"] == "queued"``),
+        #: appended by each job before it returns (list.append: safe from its thread).
+        self.publications: list[Future[str]] = []
         #: The last batch of writes queued (what :meth:`flush` waits for).
         self._last: Written | None = None
         #: JSON text of the plan id and of node ids, for composed records (None: not composable).
@@ -522,6 +526,7 @@ class RunSession:
             boundary=decl.mode,
             cancel=self.cancel,
             commits=self.commits,
+            publications=self.publications,
             pipelined=prep.pipelined,
         )
         fut = t.cast("Future[Any]", cfg.host.submit(job))
@@ -539,14 +544,30 @@ class RunSession:
         return rec.result, devs
 
     # --------------------------------------------------------------------------------------------- cleanup
+    def await_publications(self) -> list[BaseException]:
+        """Wait for the shared-tier publications this pass's builds queued and return their failures. Their
+        records are fenced by this pass's owner (``cache/dispatch.py``): they must be written while it still holds
+        the run, so a pass never returns, parks or fails before them."""
+        errors: list[BaseException] = []
+        for fut in self.publications:
+            try:
+                fut.result()
+            except BaseException as exc:  # returned: the caller raises it, or reports it with its own error
+                errors.append(exc)
+        self.publications.clear()
+        return errors
+
     def fail_running(self) -> list[BaseException]:
         """After an interrupt: mark every attempt this owner still has ``started`` in the run ``failed``, each with
         its ``attempt-finished`` record, in ONE fenced transaction (a lost fence writes nothing). Returns the
         failures (the caller's error stays primary)."""
         cfg = self.cfg
-        # The coordinator held its commit queue first (``Coordinator._abort``): queued writes were dropped, never
-        # committed, and no group commits until it closes, so nothing begins or settles behind this marking.
+        # The coordinator held its commit queue first (``Coordinator._abort``): no group commits until it closes,
+        # so nothing begins or settles behind this marking. The writes it took off the queue commit here, first:
+        # they hold the begins of pipelined jobs whose bodies already run, and a body that ran must have its
+        # attempt (marked below). Writes still buffered were never handed off: no job of theirs started.
         self.commits.hold()
+        held = self.commits.take_held()
         self._pending = []
         error = {
             "type": "interrupted",
@@ -554,6 +575,10 @@ class RunSession:
         }
 
         def fn(conn: Connection) -> None:
+            if held:
+                with fenced_block(conn, cfg.run_id, cfg.owner):
+                    for w in held:
+                        w(conn)
             for rec in cfg.attempts.fail_started_in(conn, cfg.run_id, cfg.owner, error=error):
                 meta = rec.meta if isinstance(rec.meta, dict) else {}
                 cfg.journal.append_in(

@@ -24,6 +24,7 @@ Invariants
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -222,12 +223,16 @@ class NodeJob:
     #: Started before its attempt row committed (``_session.py``, pipelining): its settlement MUST commit through
     #: ``commits``, after that row.
     pipelined: bool = False
+    #: The coordinator's list of shared-tier publications queued by its in-process jobs, which it waits for before
+    #: its pass ends (``_session.py``). It never pickles: elsewhere a job's dispatcher publishes inline.
+    publications: list[Future[str]] | None = field(default=None, repr=False, compare=False)
     _state: _State = field(default_factory=_State, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_state", None)
         state["commits"] = None
+        state["publications"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -356,6 +361,10 @@ class NodeJob:
         commit = self.db.write_batched if self.commits is None else self.commits.commit
         request = _hooked(self.request, self._settle, commit)
         result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
+        if result.publication is not None and self.publications is not None:
+            self.publications.append(
+                result.publication
+            )  # before this job returns: see Session.await_publications
         if not self._state.settled:
             commit(lambda conn: self._settle(conn, result))
         return JobOutcome(self.spec.node_id, result, final_outcome(result), self._state.text_of(result.value))

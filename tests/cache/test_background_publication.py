@@ -327,3 +327,42 @@ def test_a_runtime_closed_after_a_plan_run_has_published_every_built_node(tmp_pa
     with sp.open_runtime(ws) as rt:
         assert len(rt.cache_tiers().shared.names()) == 6
     assert not list((ws / ".smthrs/publishing").rglob("*.json"))
+
+
+def test_a_queued_publications_records_are_fenced_by_its_runs_owner(tmp_path: Path) -> None:
+    """A publication still queued when its run is no longer its owner's (settled here; a takeover alike) writes
+    nothing into that run's journal: its record is refused by the fence and the refusal reaches whoever drains."""
+    from smthrs_plugin.engine.ownership.arbiter import Ownership
+    from smthrs_plugin.errors import FenceLost
+    from smthrs_plugin.records.runs import OwnerId, RunStore
+    from smthrs_plugin.settings import load_settings
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    (root / "ac").write_text("a file where the entry directory should be")  # the publication fails: a record
+    a = make_machine(tmp_path, "a", ArtifactStore(root.as_uri()), files=HELLO, background=True)
+    runs = RunStore(a.db, journal=a.journal)
+    runs.create("r1", "flow")
+    me = OwnerId("host-a", 1, "nonce-me")
+    Ownership(a.db, owner=me, settings=load_settings(host_id="host-a")).claim("r1")
+    entered, gate = hold(a)
+    res = a.dispatch(upper_node(), upper, owner=me)
+    assert res.published["shared"] == "queued" and entered.wait(DEADLINE_S)
+    runs.finish("r1", me, "completed")
+    before = a.journal.read("r1", limit=1000)
+    gate.set()
+    with pytest.raises(FenceLost):
+        a.dispatcher.drain()
+    assert a.journal.read("r1", limit=1000) == before
+
+
+def test_a_plan_run_returns_after_the_publications_its_builds_queued(tmp_path: Path) -> None:
+    """A pass waits for its queued publications before it returns (their records are fenced by its owner): the
+    shared tier holds every built node as soon as ``run`` returns, with the runtime still open."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    nodes = [sp.plan.node(f"n{i}", body={"i": i}) for i in range(6)]
+    plan = sp.plan.compile_plan("bg", "bg/plan", nodes)
+    with sp.open_runtime(ws) as rt:
+        rt.scheduler("bg-1").run(plan, lambda ni: 0)
+        assert len(rt.cache_tiers().shared.names()) == 6

@@ -360,3 +360,39 @@ def test_a_store_that_fails_under_the_approval_gate_stops_the_pass_and_never_fai
         else:
             raise AssertionError("a passing fault under the gate settled the pass")
     assert not env.records(types=("node-settled",)), "the gated node was settled"
+
+
+
+def test_a_typed_failure_with_a_pipelined_begin_still_queued_records_that_attempt_as_interrupted(
+    tmp_path: Path,
+) -> None:
+    """Sealed jobs start before their begins commit. A typed failure (a store fault inside a body) stops the pass
+    while those begins are still queued: the interrupt commits them with its marking, so the journal shows each
+    body that ran and that it ended interrupted, never a body that ran with no attempt at all."""
+    from sched_support import make_env
+
+    env = make_env(tmp_path)
+    ran: list[str] = []
+    nodes = [sp.plan.node("slow", body="slow", priority=1), sp.plan.node("boom", body="boom")]
+    plan = sp.plan.compile_plan("gc-typed", "gc", nodes)
+
+    def executor(ni: Any) -> Any:
+        ran.append(ni.id)
+        if ni.id == "boom":
+            raise StoreError("disk_full", "the disk holding the database is full; free space and retry")
+        assert ni.cancel.wait(DEADLINE_S), "the typed failure never cancelled the pass"
+        return {"node": ni.id}
+
+    with ThreadHost(4) as host:
+        try:
+            env.scheduler("r1", host=host).run(plan, executor)
+        except Exception as exc:  # noqa: BLE001 - the pass must stop with the fault itself
+            assert "disk" in str(exc), exc
+        else:
+            raise AssertionError("a store fault in a body settled the pass")
+    assert sorted(ran) == ["boom", "slow"]
+    rows = {r["node_id"]: r["state"] for r in env.attempt_rows()}
+    assert rows == {"slow": "failed", "boom": "failed"}, rows
+    finished = sorted((p["node_id"], p["outcome"]) for t, p in env.records(types=("attempt-finished",)))
+    assert finished == [("boom", "failed"), ("slow", "failed")]
+    assert not env.records(types=("node-settled",))
