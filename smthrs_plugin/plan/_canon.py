@@ -249,11 +249,18 @@ def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
     caps, layers = _caps_layers(m)
     body = _material_body(draft, m)
     _remember(draft, body, caps, layers)
+    return _content_key(body, caps, "", members, layers)
+
+
+def _content_key(body: str, caps: str, between: str, members: str, layers: str) -> str:
+    """The key of a ``"kind":"content"`` document from its members' texts (``between``: the members that sort
+    between ``capabilities`` and ``inputs``, each with its leading comma)."""
     doc = (
         '{"body":'
         + body
         + ',"capabilities":'
         + caps
+        + between
         + ',"inputs":{'
         + members
         + '},"kind":"content","layers":'
@@ -314,21 +321,8 @@ def dispatch_key(
     if removes is not None:
         hermetic += ',"removes":' + value(removes, 2)
     hermetic += ',"writeSet":' + (value(writes, 2) if writes else "[]") + "}"
-    doc = (
-        '{"body":'
-        + body
-        + ',"capabilities":'
-        + caps
-        + ("" if environment is None else ',"environment":' + environment)
-        + ',"hermetic":'
-        + hermetic
-        + ',"inputs":{'
-        + members
-        + '},"kind":"content","layers":'
-        + layers
-        + "}"
-    )
-    return KEY_PREFIX + hashlib.sha256(doc.encode("utf-8")).hexdigest()
+    between = ("" if environment is None else ',"environment":' + environment) + ',"hermetic":' + hermetic
+    return _content_key(body, caps, between, members, layers)
 
 
 def _priority(p: Any) -> str:

@@ -199,6 +199,17 @@ def _stores(db: Database) -> tuple[AttemptStore, Journal]:
     return stores
 
 
+def _append(
+    journal: Journal, conn: Connection, run_id: str, kind: str, text: str | None, payload: Callable[[], Any]
+) -> None:
+    """Append the record as the canonical ``text`` composed from validated parts, or — when a part could not be
+    composed (None) — as ``payload()``, validated and written by the journal."""
+    if text is not None:
+        journal.append_canonical_in(conn, run_id, kind, text)
+    else:
+        journal.append_in(conn, run_id, kind, payload())
+
+
 def _decision_tag(result: DispatchResult) -> str | None:
     return None if result.decision is None else str(result.decision.tag)
 
@@ -310,33 +321,29 @@ class NodeJob:
             meta = self._meta(result, decision)
             meta["conflict"] = is_conflict(result.error)
             attempts.fail_in(conn, s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
-        text = finished_text(s.plan_text, s.node_text, s.key, s.row, result.outcome)
-        if text is not None:
-            journal.append_canonical_in(conn, s.run_id, "attempt-finished", text)
-        else:
-            journal.append_in(
+        _append(
+            journal,
+            conn,
+            s.run_id,
+            "attempt-finished",
+            finished_text(s.plan_text, s.node_text, s.key, s.row, result.outcome),
+            lambda: {
+                "plan_id": s.plan_id,
+                "node_id": s.node_id,
+                "dispatch_key": s.key,
+                "attempt": s.row,
+                "outcome": result.outcome,
+            },
+        )
+        if final is not None:
+            _append(
+                journal,
                 conn,
                 s.run_id,
-                "attempt-finished",
-                {
-                    "plan_id": s.plan_id,
-                    "node_id": s.node_id,
-                    "dispatch_key": s.key,
-                    "attempt": s.row,
-                    "outcome": result.outcome,
-                },
+                "node-settled",
+                settled_text(s.plan_text, s.node_text, s.plan_key, s.key, final, s.attempt, s.rebases),
+                lambda: settled_payload(s.plan_id, s.node_id, s.plan_key, s.key, final, s.attempt, s.rebases),
             )
-        if final is not None:
-            text = settled_text(s.plan_text, s.node_text, s.plan_key, s.key, final, s.attempt, s.rebases)
-            if text is not None:
-                journal.append_canonical_in(conn, s.run_id, "node-settled", text)
-            else:
-                journal.append_in(
-                    conn,
-                    s.run_id,
-                    "node-settled",
-                    settled_payload(s.plan_id, s.node_id, s.plan_key, s.key, final, s.attempt, s.rebases),
-                )
         self.db.on_commit(self._state.mark_settled)
         # The coordinator learns this outcome from the commit itself (``_commits.py``), not from the return.
         CommitQueue.settled(JobOutcome(s.node_id, result, final, value_json))
