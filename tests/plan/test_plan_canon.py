@@ -73,14 +73,15 @@ def _key(draft: sp.plan.NodeDraft, up: dict[str, str]) -> None:
 
 
 _UP = {"up": "key1_" + "a" * 64, "other": "key1_" + "b" * 64}
+_INPUTS = [
+    sp.plan.Pending("up"),
+    sp.plan.Ref("other"),
+    sp.plan.Ref("up", path=["value", "é"]),
+    sp.plan.Value(1),
+]
 _BASE = sp.plan.node(
     "n",
-    inputs=[
-        sp.plan.Pending("up"),
-        sp.plan.Ref("other"),
-        sp.plan.Ref("up", path=["value", "é"]),
-        sp.plan.Value(1),
-    ],
+    inputs=_INPUTS,
     writes=["out/", "src/**/*.py"],
     reads=["src/a.py", "docs/"],
 )
@@ -207,12 +208,7 @@ _environments = st.one_of(
 
 _DISPATCH_BASE = sp.plan.node(
     "n",
-    inputs=[
-        sp.plan.Pending("up"),
-        sp.plan.Ref("other"),
-        sp.plan.Ref("up", path=["value", "é"]),
-        sp.plan.Value(1),
-    ],
+    inputs=_INPUTS,
     writes=["out/", "src/**/*.py", 'a"b'],
     removes=["gone.txt", "old/"],
     reads=["src/a.py", "docs/"],
