@@ -369,9 +369,8 @@ class NodeJob:
         request = _hooked(self.request, self._settle, commit)
         result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
         if result.publication is not None and self.publications is not None:
-            self.publications.append(
-                result.publication
-            )  # before this job returns: see Session.await_publications
+            # Before this job returns: the coordinator waits for it before its pass ends (RunSession.await_publications).
+            self.publications.append(result.publication)
         if not self._state.settled:
             commit(lambda conn: self._settle(conn, result))
         return JobOutcome(self.spec.node_id, result, final_outcome(result), self._state.text_of(result.value))
