@@ -309,7 +309,10 @@ class Coordinator:
             p.pipelined = True
             self._running(p)
         if to_submit or not piped:
-            self.s.flush()
+            # ``everything``: the hand-off above took the other jobs' begins with it (it queues all that is
+            # buffered), and a plain flush waits only for what is still buffered; they must be durable before
+            # their jobs start, or a crash would re-run an irreversible body whose attempt nobody recorded.
+            self.s.flush(everything=bool(piped))
         for p in to_submit:
             self._running(p)
         return True, len(to_submit) + len(piped) < len(preps)

@@ -255,7 +255,9 @@ def test_a_dispatcher_that_settles_outside_the_coordinators_commit_is_refused_no
         assert all(r.state != "completed" for rs in _attempts(rt.db, "r1").values() for r in rs)
 
 
-def test_a_refused_coordinator_write_fails_its_whole_group_and_reaches_the_coordinator(tmp_path: Path) -> None:
+def test_a_refused_coordinator_write_fails_its_whole_group_and_reaches_the_coordinator(
+    tmp_path: Path,
+) -> None:
     db = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     journal = Journal(db)
     queue = CommitQueue(db)
@@ -285,13 +287,17 @@ def test_nothing_commits_after_the_queue_is_held_and_held_settlements_run_alone_
     queue.hold()
     dropped = queue.push([lambda c: journal.append_in(c, "p", "coordinator", {})])
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.update(r=queue.commit(lambda c: journal.append_in(c, "p", "t", {}))))
+    t = threading.Thread(
+        target=lambda: box.update(r=queue.commit(lambda c: journal.append_in(c, "p", "t", {})))
+    )
     t.start()
     _until(lambda: len(queue._queued) == 1, "the settlement to queue")
     assert journal.read("p") == [] and t.is_alive()  # held: not committed, its job still waits
     queue.close()
     t.join(DEADLINE_S)
-    assert not t.is_alive() and [e.type for e in journal.read("p")] == ["t"]  # alone; the dropped write never ran
+    assert not t.is_alive() and [e.type for e in journal.read("p")] == [
+        "t"
+    ]  # alone; the dropped write never ran
     assert dropped.done
 
 
@@ -362,7 +368,6 @@ def test_a_store_that_fails_under_the_approval_gate_stops_the_pass_and_never_fai
     assert not env.records(types=("node-settled",)), "the gated node was settled"
 
 
-
 def test_a_typed_failure_with_a_pipelined_begin_still_queued_records_that_attempt_as_interrupted(
     tmp_path: Path,
 ) -> None:
@@ -396,3 +401,46 @@ def test_a_typed_failure_with_a_pipelined_begin_still_queued_records_that_attemp
     finished = sorted((p["node_id"], p["outcome"]) for t, p in env.records(types=("attempt-finished",)))
     assert finished == [("boom", "failed"), ("slow", "failed")]
     assert not env.records(types=("node-settled",))
+
+
+def test_a_job_that_is_not_pipelined_starts_only_after_its_begin_committed_even_beside_pipelined_ones(
+    tmp_path: Path,
+) -> None:
+    """A batch holds a sealed node (pipelined: it starts at once) and an irreversible one (its recovery reads its
+    begun attempt, so that begin must be durable before its body runs). The sealed job holds back its own commit
+    until the irreversible body has looked: the irreversible attempt is already committed, seen from another
+    connection."""
+    from sched_support import make_env
+
+    env = make_env(tmp_path)
+    looked = threading.Event()
+    seen: dict[str, Any] = {}
+    nodes = [
+        sp.plan.node("free", body="free", priority=1),
+        sp.plan.node("deploy", body="deploy", tier="irreversible"),
+    ]
+    plan = sp.plan.compile_plan("gc-mixed", "gc", nodes)
+
+    def executor(ni: Any) -> Any:
+        if ni.id == "free":
+            assert looked.wait(DEADLINE_S), "the irreversible body never ran"
+        else:
+            other = open_database(env.db.url)
+            try:
+                seen["deploy"] = [
+                    r[0]
+                    for r in other.read(
+                        lambda c: c.execute(
+                            sa.select(attempts.c.state).where(attempts.c.node_id == "deploy")
+                        ).all()
+                    )
+                ]
+            finally:
+                other.close()
+                looked.set()
+        return {"node": ni.id}
+
+    with ThreadHost(4) as host:
+        report = env.scheduler("r1", host=host).run(plan, executor)
+    assert {s.node: s.outcome for s in report.settlements} == {"free": "built", "deploy": "built"}
+    assert seen["deploy"] == ["started"]
