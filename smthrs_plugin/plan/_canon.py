@@ -241,15 +241,16 @@ def plan_key(draft: Any, upstream: Any, quoted: Any) -> str:
     (written once by the caller, reused by every dependent)."""
     m = draft.material
     inputs = m.inputs
-    members = (
-        _members([f'"{i}":' + _input(inp, upstream, quoted) for i, inp in enumerate(inputs)])
-        if inputs
-        else ""
-    )
+    members = _input_members(inputs, lambda i, inp: _input(inp, upstream, quoted))
     caps, layers = _caps_layers(m)
     body = _material_body(draft, m)
     _remember(draft, body, caps, layers)
     return _content_key(body, caps, "", members, layers)
+
+
+def _input_members(inputs: Any, text_of: Any) -> str:
+    """The members of a key document's ``inputs`` object: ``"<index>":<text_of(index, input)>`` in index order."""
+    return _members([f'"{i}":' + text_of(i, inp) for i, inp in enumerate(inputs)]) if inputs else ""
 
 
 def _content_key(body: str, caps: str, between: str, members: str, layers: str) -> str:
@@ -310,11 +311,7 @@ def dispatch_key(
     digest)`` pairs; ``removes`` None when omitted)."""
     m = draft.material
     inputs = m.inputs
-    members = (
-        _members([f'"{i}":' + _dispatch_input(i, inp, digests) for i, inp in enumerate(inputs)])
-        if inputs
-        else ""
-    )
+    members = _input_members(inputs, lambda i, inp: _dispatch_input(i, inp, digests))
     body, caps, layers = _static(draft, m)
     read_set = ",".join(['{"digest":' + text(d) + ',"path":' + text(p) + "}" for p, d in reads])
     hermetic = '{"boundaryMode":' + text(mode) + ',"readSet":[' + read_set + "]"

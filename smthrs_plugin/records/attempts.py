@@ -204,8 +204,9 @@ class AttemptStore:
         which numbers its attempts itself from the rows it read at the start of its pass, so a job can know its
         row before this commits; a number already taken is refused by the primary key (``StoreError``), never
         reused."""
-        digest = _begin_digest(key, attempt)
-        return self._begin_at(conn, run_id, owner, key, digest, attempt, node_id, json_text("meta", meta))
+        return self.begin_text_in(
+            conn, run_id, owner, key, attempt=attempt, node_id=node_id, meta_json=json_text("meta", meta)
+        )
 
     def begin_text_in(
         self,

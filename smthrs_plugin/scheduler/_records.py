@@ -14,10 +14,17 @@ refuses — the payload as it always did. Members are written in RFC 8785 order 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from json.encoder import encode_basestring
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from ..records.journal import Journal
 
 __all__ = [
+    "append_record",
     "quoted",
     "scheduled_text",
     "finished_text",
@@ -29,6 +36,17 @@ __all__ = [
 _SAFE_INT = 2**53 - 1
 #: Meta members a scheduler attempt row carries at begin (compensable nodes add more: the generic path).
 _BEGIN_META = frozenset({"plan_id", "node_id", "tier", "ordinal"})
+
+
+def append_record(
+    journal: Journal, conn: Connection, run_id: str, kind: str, text: str | None, payload: Callable[[], Any]
+) -> None:
+    """Append the record as the canonical ``text`` composed from validated parts, or — when a part could not be
+    composed (None) — as ``payload()``, validated and written by the journal."""
+    if text is not None:
+        journal.append_canonical_in(conn, run_id, kind, text)
+    else:
+        journal.append_in(conn, run_id, kind, payload())
 
 
 def quoted(s: Any) -> str | None:

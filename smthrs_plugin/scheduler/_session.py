@@ -50,7 +50,7 @@ from ..stores.database import Database
 from ._commits import CommitQueue, Written
 from ._inputs import Pins, ReadPlan
 from ._preimage import PreImage, capture_preimage, restore_preimage
-from ._records import begin_meta_text, quoted, scheduled_text, settled_text
+from ._records import append_record, begin_meta_text, quoted, scheduled_text, settled_text
 from .cancel import CancelToken
 from .job import NodeJob, SettleSpec, error_line, settled_payload
 from .model import Outcome, Report, Settlement
@@ -484,10 +484,7 @@ class RunSession:
                 cfg.attempts.begin_in(
                     conn, cfg.run_id, cfg.owner, key, attempt=row, node_id=node_id, meta=meta
                 )
-            if scheduled is not None:
-                cfg.journal.append_canonical_in(conn, cfg.run_id, "node-scheduled", scheduled)
-            else:
-                cfg.journal.append_in(conn, cfg.run_id, "node-scheduled", payload)
+            append_record(cfg.journal, conn, cfg.run_id, "node-scheduled", scheduled, lambda: payload)
 
         self.write(start)
 

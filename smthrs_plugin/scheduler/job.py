@@ -41,7 +41,7 @@ from ..records.journal import Journal
 from ..records.runs import OwnerId
 from ..stores.database import Database
 from ._commits import CommitQueue
-from ._records import finished_text, settle_meta_text, settled_text
+from ._records import append_record, finished_text, settle_meta_text, settled_text
 from .cancel import CancelToken
 from .model import NodeInput, Outcome
 
@@ -199,17 +199,6 @@ def _stores(db: Database) -> tuple[AttemptStore, Journal]:
     return stores
 
 
-def _append(
-    journal: Journal, conn: Connection, run_id: str, kind: str, text: str | None, payload: Callable[[], Any]
-) -> None:
-    """Append the record as the canonical ``text`` composed from validated parts, or — when a part could not be
-    composed (None) — as ``payload()``, validated and written by the journal."""
-    if text is not None:
-        journal.append_canonical_in(conn, run_id, kind, text)
-    else:
-        journal.append_in(conn, run_id, kind, payload())
-
-
 def _decision_tag(result: DispatchResult) -> str | None:
     return None if result.decision is None else str(result.decision.tag)
 
@@ -321,7 +310,7 @@ class NodeJob:
             meta = self._meta(result, decision)
             meta["conflict"] = is_conflict(result.error)
             attempts.fail_in(conn, s.run_id, s.owner, s.key, s.row, error=error_json(result.error), meta=meta)
-        _append(
+        append_record(
             journal,
             conn,
             s.run_id,
@@ -336,7 +325,7 @@ class NodeJob:
             },
         )
         if final is not None:
-            _append(
+            append_record(
                 journal,
                 conn,
                 s.run_id,
