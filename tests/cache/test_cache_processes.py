@@ -4,12 +4,12 @@ sees an entry before its blobs (or a torn one)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
 import _cache_workers as workers
 import pytest
+from _procs import worker_processes
 
 from smthrs_plugin.cache.shared import Candidate, check_document, entry_name
 from smthrs_plugin.cache.signing import Trust
@@ -17,7 +17,7 @@ from smthrs_plugin.canonical import key_digest
 from smthrs_plugin.stores.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
-SPAWN = mp.get_context("spawn")
+PROCS = worker_processes("_cache_workers", "s3fs")
 PROCESSES = 8
 
 
@@ -32,19 +32,19 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dic
 def _race(
     tmp_path: Path, url: str, options: dict[str, Any], publishers: int
 ) -> tuple[list[tuple[Any, ...]], int, list[str]]:
-    barrier = SPAWN.Barrier(PROCESSES + 1)
-    stop = SPAWN.Event()
-    results = SPAWN.Queue()
-    reads = SPAWN.Queue()
+    barrier = PROCS.Barrier(PROCESSES + 1)
+    stop = PROCS.Event()
+    results = PROCS.Queue()
+    reads = PROCS.Queue()
     for p in range(publishers if publishers > 1 else 0):  # create the keys before the start line
         workers.publisher_trust(tmp_path, p, publishers)
     procs = [
-        SPAWN.Process(
+        PROCS.Process(
             target=workers.dispatch_once, args=(str(tmp_path), i, url, options, barrier, results, publishers)
         )
         for i in range(PROCESSES)
     ]
-    poller = SPAWN.Process(target=workers.poll_entries, args=(url, options, barrier, stop, reads))
+    poller = PROCS.Process(target=workers.poll_entries, args=(url, options, barrier, stop, reads))
     for p in [*procs, poller]:
         p.start()
     try:

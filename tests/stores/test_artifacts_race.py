@@ -4,7 +4,6 @@ see an entry before its blob, and a writer killed mid-transfer leaves nothing vi
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import os
 import signal
 from pathlib import Path
@@ -12,11 +11,12 @@ from typing import Any
 
 import _artifact_workers as workers
 import pytest
+from _procs import worker_processes
 
 from smthrs_plugin.stores.artifacts import ArtifactStore
 
 pytestmark = pytest.mark.slow
-SPAWN = mp.get_context("spawn")
+PROCS = worker_processes("_artifact_workers", "s3fs")
 WRITERS = 8
 
 
@@ -31,15 +31,15 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dic
 
 def test_eight_processes_publish_one_entry_exactly_one_wins(shared_url: tuple[str, dict[str, Any]]) -> None:
     url, options = shared_url
-    barrier = SPAWN.Barrier(WRITERS + 1)
-    stop = SPAWN.Event()
-    results = SPAWN.Queue()
-    reads = SPAWN.Queue()
+    barrier = PROCS.Barrier(WRITERS + 1)
+    stop = PROCS.Event()
+    results = PROCS.Queue()
+    reads = PROCS.Queue()
     procs = [
-        SPAWN.Process(target=workers.publish, args=(url, options, i, barrier, results))
+        PROCS.Process(target=workers.publish, args=(url, options, i, barrier, results))
         for i in range(WRITERS)
     ]
-    reader = SPAWN.Process(target=workers.poll, args=(url, options, barrier, stop, reads))
+    reader = PROCS.Process(target=workers.poll, args=(url, options, barrier, stop, reads))
     for p in [*procs, reader]:
         p.start()
     try:
@@ -70,8 +70,8 @@ def test_writer_killed_mid_transfer_leaves_no_visible_blob(
     src = tmp_path / "big.bin"
     data = os.urandom(2**20) * 14
     src.write_bytes(data)
-    out = SPAWN.Queue()
-    p = SPAWN.Process(target=workers.put_then_hang, args=(url, options, str(src), out))
+    out = PROCS.Queue()
+    p = PROCS.Process(target=workers.put_then_hang, args=(url, options, str(src), out))
     p.start()
     try:
         assert out.get(timeout=120) == "half"
