@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
-import multiprocessing.context
 import signal
 
 _PR_SET_PDEATHSIG = 1
