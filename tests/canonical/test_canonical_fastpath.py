@@ -45,14 +45,16 @@ any_values = _json(
 )
 
 
-@settings(max_examples=1500)
+# The suite's profile derandomizes: these are fixed examples. 600 each reach every edge character and container
+# shape many times over; 1,500 cost ~19 s of a loaded suite for no new case.
+@settings(max_examples=600)
 @given(plain_values)
 def test_plain_values_take_the_fast_path_and_match_rfc8785_byte_for_byte(value: object) -> None:
     assert canonical._check(value) is True
     assert canonical_bytes(value) == rfc8785.dumps(value)
 
 
-@settings(max_examples=1500)
+@settings(max_examples=600)
 @given(any_values)
 def test_every_value_matches_rfc8785_byte_for_byte_whichever_path_it_takes(value: object) -> None:
     assert canonical_bytes(value) == rfc8785.dumps(value)
