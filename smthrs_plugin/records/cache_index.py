@@ -50,10 +50,13 @@ __all__ = [
 ]
 
 _T = step_cache
-# The lookup of every hit, built once: SQLAlchemy then reuses its memoized cache key and compiled form instead of
-# re-coercing a fresh select per call.
-_LOOKUP = sa.select(_T.c.entry_json, _T.c.last_used_at_ms).where(
-    _T.c.key_digest == sa.bindparam("name"), _T.c.invalidated_at_ms.is_(None), _T.c.scope == "shared"
+# The lookup of every hit: compiled once, sent on the driver (``Database.read_statement``).
+_LOOKUP = DriverStatement(
+    sa.select(_T.c.entry_json, _T.c.last_used_at_ms).where(
+        _T.c.key_digest == sa.bindparam("b_name", type_=sa.Text),
+        _T.c.invalidated_at_ms.is_(None),
+        _T.c.scope == "shared",
+    )
 )
 _META = (
     _T.c.key_digest,
@@ -162,7 +165,7 @@ def _values(row: NewRow, now_ms: int) -> dict[str, Any]:
 
 def served(db: Database, name: str) -> ServedRow | None:
     """The valid (not invalidated) shared-scope row named ``name``, undecoded; None when there is none."""
-    row = db.read(lambda c: c.execute(_LOOKUP, {"name": name}).first())
+    row = db.read_statement(_LOOKUP, {"b_name": name})
     return None if row is None else ServedRow(row.entry_json, int(row.last_used_at_ms))
 
 
