@@ -171,6 +171,17 @@ def _scalar_text(value: Any) -> str | None:
     return None
 
 
+def _value_text(value: Any) -> str | None:
+    """The canonical text of ``value``; None when it has none (the generic path then refuses it as it always did)."""
+    text = _scalar_text(value)
+    if text is not None:
+        return text
+    try:
+        return canonical_bytes(value).decode("utf-8")
+    except CanonicalError:
+        return None
+
+
 #: ``dataclasses.replace`` re-runs ``__init__`` over every field of a request (a measurable share of a no-op node):
 #: a request without ``__post_init__`` or slots is copied by its fields instead, which is the same object.
 _PLAIN_REQUEST = not hasattr(DispatchRequest, "__post_init__") and not hasattr(DispatchRequest, "__slots__")
@@ -285,6 +296,10 @@ class NodeJob:
         value_json: str | None = None
         if result.outcome in ("built", "clean"):
             value_json = self._state.text_of(result.value)
+            if value_json is None:
+                # A hit's value (decoded from its entry; the executor never ran) or one the dispatcher substituted:
+                # encoded once here for the row and the coordinator, not by the generic path and again by it.
+                value_json = _value_text(result.value)
             meta_json = settle_meta_text(s.meta, result.outcome, decision, list(result.deviations))
             if value_json is not None and meta_json is not None:
                 attempts.complete_text_in(

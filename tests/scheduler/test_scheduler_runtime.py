@@ -102,3 +102,37 @@ def test_a_refused_reopen_leaves_the_run_resumable(tmp_path: Path) -> None:
         assert RunStore(rt.db).get("r").status == "suspended"  # type: ignore[union-attr]
         report = rt.scheduler("r", environment={"v": 1}).run(plan, lambda ni: calls.append(ni.id) or 7)
         assert report.outcomes == {"a": "built"} and calls == ["a"]
+
+
+def test_a_served_node_stores_and_reports_its_value_exactly_as_a_built_one(tmp_path: Path) -> None:
+    # A hit's value never passed through the executor: its settlement encodes it itself. Every shape must be
+    # stored as the canonical text a build stores, and reach downstream nodes and the report unchanged.
+    values: dict[str, object] = {
+        "none": None,
+        "int": 7,
+        "text": "é 𝔸 \u2028 \"q\"",
+        "nested": {"b": [1.5, None, True], "a": "x", "é": {"n": -0.0}},
+        "float": 0.1,
+    }
+    nodes = [sp.plan.node(n, body={"n": n}) for n in values]
+    nodes.append(sp.plan.node("down", body={}, inputs=[sp.plan.Ref("nested", path=["é"])]))
+    plan = sp.plan.compile_plan("p-values", "flow", nodes)
+
+    def executor(ni: sp.NodeInput) -> object:
+        return {"seen": ni.inputs[0]} if ni.id == "down" else values[ni.id]
+
+    def stored(rt: sp.Runtime, run_id: str) -> dict[str, object]:
+        from smthrs_plugin.records.attempts import AttemptStore
+
+        return {a.node_id: a.result for a in AttemptStore(rt.db).list(run_id) if a.state == "completed"}
+
+    with sp.open_runtime(workspace=tmp_path) as rt:
+        built = rt.scheduler("r1").run(plan, executor)
+        clean = rt.scheduler("r2").run(plan, executor)
+        rows_built, rows_clean = stored(rt, "r1"), stored(rt, "r2")
+
+    assert {s.outcome for s in built.settlements} == {"built"}
+    assert {s.outcome for s in clean.settlements} == {"clean"}
+    assert clean.results == built.results
+    assert rows_clean == rows_built and set(rows_clean) == set(values) | {"down"}
+    assert rows_clean["nested"] == values["nested"] and rows_clean["down"] == {"seen": {"n": -0.0}}
