@@ -88,16 +88,28 @@ class Backend:
 class LocalBackend(Backend):
     kind = "local"
 
+    # Directories are created when a call finds them missing, not checked before every write: a makedirs costs a
+    # mkdir and a stat even when the directory exists, twice per stored entry or blob.
     def _tmp(self) -> str:
-        d = f"{self.root}/tmp"
-        os.makedirs(d, exist_ok=True)
-        return f"{d}/{uuid.uuid4().hex}.part"
+        return f"{self.root}/tmp/{uuid.uuid4().hex}.part"
+
+    def _open_tmp(self, tmp: str) -> IO[bytes]:
+        try:
+            return open(tmp, "xb")
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
+            return open(tmp, "xb")
 
     def _link(self, tmp: str, path: str) -> bool:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # link(2) fails with EEXIST when the name exists: create-if-absent without a check-then-write race.
         try:
-            # link(2) fails with EEXIST when the name exists: create-if-absent without a check-then-write race.
-            os.link(tmp, path)
+            try:
+                os.link(tmp, path)
+            except FileNotFoundError:
+                if not os.path.exists(tmp):
+                    raise  # the staged file itself is gone: not a missing directory
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.link(tmp, path)
         except FileExistsError:
             return False
         return True
@@ -105,7 +117,7 @@ class LocalBackend(Backend):
     def create_bytes(self, path: str, data: bytes) -> bool:
         tmp = self._tmp()
         try:
-            with open(tmp, "xb") as f:
+            with self._open_tmp(tmp) as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -118,7 +130,7 @@ class LocalBackend(Backend):
         h = hashlib.sha256()
         done = 0
         try:
-            with open(tmp, "xb") as out:
+            with self._open_tmp(tmp) as out:
                 while chunk := src.read(CHUNK):
                     h.update(chunk)
                     out.write(chunk)

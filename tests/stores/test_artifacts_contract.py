@@ -152,6 +152,27 @@ def test_entries_are_first_writer_wins(store: ArtifactStore) -> None:
     assert store.entry_path("a0").endswith("/ac/a0.json")
 
 
+def test_writes_recreate_directories_removed_after_the_first_write(tmp_path: Path) -> None:
+    # The local backend creates its directories when a write finds them missing (not before every write): a
+    # store whose tree was pruned or wiped meanwhile (gc, an operator) must still take every write.
+    import shutil
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    store.put_entry("k1", b"{}")
+    first = store.put_bytes(b"one")
+    shutil.rmtree(tmp_path / "store")
+
+    assert store.put_entry("k2", b'{"v": 2}') == Created("k2")
+    second = store.put_bytes(b"two")
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"three")
+    third = store.put_file(src)
+
+    assert store.get_entry("k2") == b'{"v": 2}'
+    assert [store.get_bytes(d) for d in (second, third)] == [b"two", b"three"]
+    assert not store.has(first) and store.get_entry("k1") is None
+
+
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 201, "sp ace"])
 def test_bad_entry_names_are_refused_before_writing(store: ArtifactStore, bad: str) -> None:
     with pytest.raises(ArtifactError) as ei:
