@@ -26,6 +26,7 @@ from typing import Any
 from ..canonical import key
 from ..errors import CanonicalError, PlanError
 from . import _canon
+from ._gcpause import gc_paused
 from .fileset import Glob, TreeArtifact, check_not_reserved, normalize_path, normalize_pattern
 from .keys import effects_json, plan_digest_document, plan_key_with_effects
 from .model import (
@@ -427,35 +428,37 @@ def compile_plan(
     _check_identity(plan_id, flow, maximum_plan_nodes)
     if isinstance(nodes, (str, bytes, NodeDraft)) or not isinstance(nodes, Iterable):
         raise PlanError("invalid_plan", f"nodes must be a list of NodeDraft, not {type(nodes).__name__}")
-    built, effs, quoted = _build(plan_id, flow, (), list(nodes), 0, maximum_plan_nodes)
-    digest = _digest(plan_id, flow, built, effs, quoted)
-    return Plan(
-        plan_id=plan_id,
-        flow=flow,
-        nodes=built,
-        digest=digest,
-        base_digest=digest,
-        generation=0,
-        maximum_plan_nodes=maximum_plan_nodes,
-    )
+    with gc_paused():
+        built, effs, quoted = _build(plan_id, flow, (), list(nodes), 0, maximum_plan_nodes)
+        digest = _digest(plan_id, flow, built, effs, quoted)
+        return Plan(
+            plan_id=plan_id,
+            flow=flow,
+            nodes=built,
+            digest=digest,
+            base_digest=digest,
+            generation=0,
+            maximum_plan_nodes=maximum_plan_nodes,
+        )
 
 
 def _append(plan: Plan, drafts: Sequence[Any]) -> Plan:
     if not drafts:
         raise PlanError("invalid_plan", f"append to plan {plan.plan_id!r} needs at least one node draft")
     generation = plan.generation + 1
-    built, effs, quoted = _build(
-        plan.plan_id, plan.flow, plan.nodes, drafts, generation, plan.maximum_plan_nodes
-    )
-    return Plan(
-        plan_id=plan.plan_id,
-        flow=plan.flow,
-        nodes=built,
-        digest=_digest(plan.plan_id, plan.flow, built, effs, quoted),
-        base_digest=plan.base_digest,
-        generation=generation,
-        maximum_plan_nodes=plan.maximum_plan_nodes,
-    )
+    with gc_paused():
+        built, effs, quoted = _build(
+            plan.plan_id, plan.flow, plan.nodes, drafts, generation, plan.maximum_plan_nodes
+        )
+        return Plan(
+            plan_id=plan.plan_id,
+            flow=plan.flow,
+            nodes=built,
+            digest=_digest(plan.plan_id, plan.flow, built, effs, quoted),
+            base_digest=plan.base_digest,
+            generation=generation,
+            maximum_plan_nodes=plan.maximum_plan_nodes,
+        )
 
 
 def append_plan(plan: Plan, drafts: Iterable[NodeDraft]) -> Plan:
@@ -498,12 +501,14 @@ def verify_plan(plan: Plan) -> Plan:
             f"plan {plan.plan_id!r} claims generation {plan.generation} but its nodes span {expected_generation}",
         )
     try:
-        rebuilt = compile_plan(
-            plan.plan_id, plan.flow, generations[0] if generations else [], plan.maximum_plan_nodes
-        )
-        base_digest = rebuilt.digest
-        for drafts in generations[1:]:
-            rebuilt = _append(rebuilt, drafts)
+        # Keyed here for the run that follows: its dispatch keys reuse each draft's static texts (_canon).
+        with _canon.remembering():
+            rebuilt = compile_plan(
+                plan.plan_id, plan.flow, generations[0] if generations else [], plan.maximum_plan_nodes
+            )
+            base_digest = rebuilt.digest
+            for drafts in generations[1:]:
+                rebuilt = _append(rebuilt, drafts)
     except PlanError as exc:
         raise PlanError(
             "invalid_plan",

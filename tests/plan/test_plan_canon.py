@@ -288,10 +288,22 @@ def test_the_composed_dispatch_key_equals_the_reference_for_layers_capabilities_
     _same_dispatch(draft, {i: {"x": i} for i in range(12)}, [("a", "h")], ABSENT)
 
 
-def test_a_compiled_node_keys_from_the_body_text_its_plan_key_wrote() -> None:
+def test_a_verified_node_keys_from_the_body_text_its_plan_key_wrote() -> None:
     plan = sp.plan.compile_plan(
         "p", "f", [sp.plan.node("a", body={"cmd": "é"}), sp.plan.node("b", body=[1.5])]
     )
+    # compile alone remembers nothing (every run verifies its plan first); verify_plan remembers every draft.
+    assert all(id(node.draft) not in _canon._STATIC for node in plan.nodes)
+    sp.plan.verify_plan(plan)
     for node in plan.nodes:
-        assert id(node.draft) in _canon._STATIC  # remembered by compile
+        assert id(node.draft) in _canon._STATIC
         _same_dispatch(node.draft, {}, [("x", "h")], {"declared": True, "layers": [], "capabilities": {}})
+
+
+def test_a_node_keyed_without_its_remembered_texts_gets_the_same_dispatch_key() -> None:
+    plan = sp.plan.compile_plan("p", "f", [sp.plan.node("a", body={"cmd": "é", "n": [1, 2.5]})])
+    draft = plan.nodes[0].draft
+    cold = dispatch_key(draft, ref_values={}, read_set=[("x", "h")])
+    sp.plan.verify_plan(plan)
+    assert id(draft) in _canon._STATIC
+    assert dispatch_key(draft, ref_values={}, read_set=[("x", "h")]) == cold
