@@ -79,6 +79,9 @@ _PG_CONNECT_TIMEOUT_S = 5
 _PG_IDLE_PING_S = 5.0
 #: Write connections kept checked out between transactions (the pool size: see _Handle.take_writer).
 _IDLE_WRITERS = 8
+#: SQLite readers kept between single-statement reads (Database.read_statement); the rest of the read pool
+#: stays free for read transactions.
+_IDLE_READERS = 4
 #: This process's pid, renewed in a forked child (os.getpid() is a system call; handles are looked up per call).
 _PID = os.getpid()
 
@@ -759,7 +762,7 @@ class _Handle:
 
     def give_back_reader(self, conn: Connection, reusable: bool) -> None:
         """Keep ``conn`` for the next single-statement read when it is clean, else close it back into the pool."""
-        if reusable and not self.disposed and not conn.invalidated and len(self.readers) < _IDLE_WRITERS:
+        if reusable and not self.disposed and not conn.invalidated and len(self.readers) < _IDLE_READERS:
             self.readers.append(conn)
             return
         conn.close()
