@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from _threads import run_threads
 from sqlalchemy.engine import Connection
 
 from smthrs_plugin.errors import StoreError
@@ -15,27 +16,10 @@ from smthrs_plugin.stores.database import Database
 
 THREADS = 8
 PER_THREAD = 40
-DEADLINE_S = 120.0
 
 
 def _run_threads(target: Any, n: int = THREADS) -> list[BaseException]:
-    errors: list[BaseException] = []
-    start = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        try:
-            start.wait(DEADLINE_S)
-            target(i)
-        except BaseException as exc:  # collected: the test asserts on them
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
-        assert not t.is_alive(), "a group-commit writer never returned"
-    return errors
+    return run_threads(target, n)
 
 
 def test_concurrent_batched_writes_all_commit_with_their_own_results_in_each_writers_order(
