@@ -4,15 +4,13 @@ found it — after a refusal too, and when several threads compile at once — a
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Iterator
 
 import pytest
+from _threads import run_threads
 
 import smthrs_plugin as sp
 from smthrs_plugin.errors import PlanError
-
-DEADLINE_S = 120.0
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +24,9 @@ def _gc_restored() -> Iterator[None]:
 
 
 def _drafts(n: int) -> list[sp.plan.NodeDraft]:
-    return [sp.plan.node(f"n{i}", body=i, inputs=[sp.plan.Pending(f"n{i - 1}")] if i else []) for i in range(n)]
+    return [
+        sp.plan.node(f"n{i}", body=i, inputs=[sp.plan.Pending(f"n{i - 1}")] if i else []) for i in range(n)
+    ]
 
 
 def test_no_collection_runs_while_a_compile_works_and_the_collector_is_enabled_after_it() -> None:
@@ -68,21 +68,11 @@ def test_a_process_that_disabled_the_collector_keeps_it_disabled() -> None:
 
 def test_concurrent_compiles_leave_the_collector_enabled_once_the_last_ends() -> None:
     gc.enable()
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
 
-    def compile_many() -> None:
-        try:
-            start.wait(DEADLINE_S)
-            for _ in range(20):
-                sp.plan.verify_plan(sp.plan.compile_plan("p", "f", _drafts(30)))
-        except BaseException as exc:  # collected: asserted below
-            errors.append(exc)
+    def compile_many(_i: int) -> None:
+        for _ in range(20):
+            sp.plan.verify_plan(sp.plan.compile_plan("p", "f", _drafts(30)))
 
-    threads = [threading.Thread(target=compile_many) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
+    errors = run_threads(compile_many, 4)
 
     assert errors == [] and gc.isenabled()

@@ -4,15 +4,12 @@ snapshot — a row invalidated or written after the last read is seen by the nex
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from _threads import run_threads
 
 from smthrs_plugin.errors import StoreError
 from smthrs_plugin.records import cache_index
 from smthrs_plugin.stores.database import Database
-
-DEADLINE_S = 120.0
 
 
 def _row(entry: str) -> cache_index.NewRow:
@@ -42,21 +39,7 @@ def test_readers_on_other_threads_see_a_commit_as_soon_as_it_returns(db: Databas
         assert cache_index.served(db, "k") is not None
     db.write(lambda c: cache_index.invalidate_in(c, "k", 2))
     seen: list[object] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
-
-    def read() -> None:
-        try:
-            start.wait(DEADLINE_S)
-            seen.append(cache_index.served(db, "k"))
-        except BaseException as exc:  # collected: asserted below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=read) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
+    errors = run_threads(lambda _i: seen.append(cache_index.served(db, "k")), 4)
 
     assert errors == [] and seen == [None] * 4
 
