@@ -19,7 +19,8 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 # Most tests wait on subprocesses, servers and fsync, so two workers halve the wall time even on 2 cores. The 30
 # slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 2
-# `make test-stress`: the suite STRESS_RUNS times in a row with every core kept busy (.ci/stress).
+# `make test-stress`: the suite STRESS_RUNS times in a row with every core kept busy (.ci/stress), on the same
+# workers as `make test` (PYTEST_ARGS adds to them, as it does for `make test`).
 STRESS_RUNS ?= 3
 
 .PHONY: demo test test-stress lint docs docs-serve bench clean bytecode
@@ -52,7 +53,7 @@ test: $(STAMP_TEST) bytecode
 
 test-stress: $(STAMP_TEST) bytecode
 	@mkdir -p $(PREFECT_HOME)
-	PYTHON=$(BIN)/python .ci/stress $(STRESS_RUNS) $(PYTEST_ARGS)
+	PYTHON=$(BIN)/python .ci/stress $(STRESS_RUNS) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The house's rules run from the repo itself: import contracts in pyproject.toml (floors, no cycles, private
 # modules), the same private-module rule for tests/benchmarks/examples, and the module size ceiling.
