@@ -4,7 +4,6 @@ lone transaction would have given it — its own result, its own error, nothing 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 from _threads import run_threads
@@ -16,10 +15,6 @@ from smthrs_plugin.stores.database import Database
 
 THREADS = 8
 PER_THREAD = 40
-
-
-def _run_threads(target: Any, n: int = THREADS) -> list[BaseException]:
-    return run_threads(target, n)
 
 
 def test_concurrent_batched_writes_all_commit_with_their_own_results_in_each_writers_order(
@@ -36,7 +31,7 @@ def test_concurrent_batched_writes_all_commit_with_their_own_results_in_each_wri
             seqs.append(out.event.seq)
         results[i] = seqs
 
-    assert _run_threads(writer) == []
+    assert run_threads(writer, THREADS) == []
     for i in range(THREADS):
         # Each writer's records are all there, in the order it wrote them, and each call returned its own seq.
         got = [(e.seq, e.payload["k"]) for e in journal.read(f"{prefix}-{i}", limit=1000)]
@@ -62,7 +57,7 @@ def test_a_refused_member_fails_alone_and_costs_no_other_member_its_write(db: Da
             else:
                 db.write_batched(fn)
 
-    assert _run_threads(writer) == []
+    assert run_threads(writer, THREADS) == []
     refused = [e.payload["k"] for e in journal.read(f"{prefix}-0", limit=1000)]
     assert refused == [k for k in range(PER_THREAD) if k % 3 != 0]  # a refused write left nothing behind
     for i in range(1, THREADS):
@@ -84,7 +79,7 @@ def test_post_commit_callbacks_run_only_for_writes_that_committed(db: Database) 
         except StoreError:
             pass  # expected for odd writers; asserted through `seen`
 
-    assert _run_threads(writer) == []
+    assert run_threads(writer, THREADS) == []
     assert sorted(seen) == [i for i in range(THREADS) if i % 2 == 0]
 
 
