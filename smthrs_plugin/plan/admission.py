@@ -210,8 +210,27 @@ class Admission:
             out.append(node_id)
         return tuple(out)
 
+    def retake(self, node: PlanNode) -> bool:
+        """Take a permit again for ``node``, admitted before and released since (its body returned, then its
+        settlement asked for another turn): True when the caps have room now; False leaves nothing changed, and
+        the caller asks again once a permit was released. It jumps the ready queue (it was admitted already)."""
+        if node.id in self._in_flight or node.id in self._live:
+            raise GraphError("invalid_transition", f"node {node.id!r} holds a permit or waits for admission")
+        agent = node.kind == "agent"
+        steps_cap, agents_cap = self.concurrency.steps, self.concurrency.agents
+        if (steps_cap is not None and self._used >= steps_cap) or (
+            agent and agents_cap is not None and self._agents_used >= agents_cap
+        ):
+            return False
+        self._in_flight[node.id] = agent
+        self._used += 1
+        if agent:
+            self._agents_used += 1
+        return True
+
     def release(self, node_id: str) -> None:
-        """An admitted node settled: free its step (and agent) permit. Retries keep the permit."""
+        """An admitted node's body returned or it settled: free its step (and agent) permit. Retries keep the
+        permit."""
         try:
             agent = self._in_flight.pop(node_id)
         except KeyError:

@@ -22,6 +22,9 @@ Invariants
   the coordinator's writes, commit. If the transaction as a whole fails (a lost fence, a storage error, a
   coordinator write refused), every job queued in it receives that error, the coordinator receives it from its next
   :meth:`CommitQueue.wait` or :meth:`CommitQueue.drive`, and nothing of it committed.
+- **A queued settlement is announced, never reported.** A job that queues its settlement names its node
+  (``commit(fn, returned=...)``): the coordinator hears at once that the body returned and may free its permit; it
+  learns the outcome only from the commit.
 - **Nothing is reported before it is durable.** A job is released, and the coordinator told its outcome, only
   after the commit holding its settlement; ``on_commit`` callbacks (journal subscribers) run after that commit on
   the leader's thread.
@@ -86,11 +89,13 @@ class _Entry:
 
 class Events(NamedTuple):
     """What :meth:`CommitQueue.wait` returns: the outcomes of committed settlements (durable), the completed
-    futures and the tags of committed coordinator batches."""
+    futures, the tags of committed coordinator batches and the jobs whose bodies returned and whose settlements
+    were queued since (not durable yet: their outcomes follow in ``settled``)."""
 
     settled: list[Any]
     done: list[Future[Any]]
     written: list[Any]
+    returned: list[str]
 
 
 class Written:
@@ -130,6 +135,7 @@ class CommitQueue:
         self._settled: list[Any] = []
         self._done: list[Future[Any]] = []
         self._written: list[Any] = []
+        self._returned: list[str] = []
         self._failures: list[BaseException] = []
         #: Coordinator writes :meth:`hold` took off the queue, for the interrupt (:meth:`take_held`).
         self._held_writes: list[Write] = []
@@ -137,13 +143,18 @@ class CommitQueue:
         self._early: set[int] = set()
 
     # -- job side ------------------------------------------------------------------------------------------
-    def commit(self, fn: Callable[[Connection], T]) -> T:
+    def commit(self, fn: Callable[[Connection], T], *, returned: str | None = None) -> T:
         """Commit ``fn(conn)`` in the pass's next group and return its result (or raise its error) once that
-        transaction committed."""
+        transaction committed. ``returned``: the node whose body returned and whose settlement this is — the
+        coordinator hears of it at once (:class:`Events`), before the commit: it may free that node's permit,
+        never report its outcome."""
         if threading.get_ident() == self._coordinator:
             return self.db.write_batched(fn)
         item = _Entry(fn)
         with self._cv:
+            if returned is not None:
+                self._returned.append(returned)
+                self._cv.notify_all()
             if not self._open:
                 item.state = "alone"
             else:
@@ -244,16 +255,17 @@ class CommitQueue:
                 self._early.add(id(fut))
 
     def wait(self) -> Events:
-        """Block until a settlement committed, a watched future completed or a batch of writes committed; return
+        """Block until a settlement committed or was queued, a watched future completed or a batch of writes
+        committed; return
         (and forget) what happened (:class:`Events`). Raises the error of a group transaction that failed
         coordinator writes."""
         with self._cv:
-            while not (self._settled or self._done or self._written or self._failures):
+            while not (self._settled or self._done or self._written or self._failures or self._returned):
                 self._cv.wait()
             if self._failures:
                 raise self._failures.pop(0)
-            events = Events(self._settled, self._done, self._written)
-            self._settled, self._done, self._written = [], [], []
+            events = Events(self._settled, self._done, self._written, self._returned)
+            self._settled, self._done, self._written, self._returned = [], [], [], []
         return events
 
     def collect(self) -> list[Any]:

@@ -8,6 +8,9 @@ Invariants
   admission pass (event-driven, so a node ages the same on every host) → drain completions in plan order →
   reconciliation page once nothing runs (every deviation attributed before any is judged) → merge elaboration
   (``<id>+merge`` as a new generation).
+- Permits: a node's permit is freed when its job announces its queued settlement (its body returned), unless
+  ``steps`` is 1; its outcome and its dependents still wait for the commit. A node sent round again takes a permit
+  again before its body reruns (:meth:`Admission.retake`), ahead of new admissions.
 - Verdicts: any ``Fail`` fails the node; else a ``Reorder`` adds a discovered readiness edge and runs the node
   again afresh (an unhonourable one fails it, saying why); else the staged outcome stands.
 - A typed scheduler failure stops admission, cancels the pass's :class:`~.cancel.CancelToken` (a ``run:``
@@ -137,6 +140,11 @@ class Coordinator:
         #: waited for before the pass ends, and one that raises fails the pass as any job's exception does.
         self.finishing: dict[Future[Any], str] = {}
         self.admitted: set[str] = set()
+        #: Admitted nodes whose permit was freed when their bodies returned (their settlements not yet learned).
+        self.freed: set[str] = set()
+        #: With one step permit a node keeps it until its settlement commits: one node at a time, admitted in the
+        #: same order on every host (with more, which permit frees first depends on the bodies' timing anyway).
+        self._free_on_return = self.admission.concurrency.steps != 1
         self.queued: set[str] = set()
         self.redo: list[str] = []
         self.staged: list[str] = []
@@ -262,8 +270,17 @@ class Coordinator:
     # ----------------------------------------------------------------------------------------- admission
     def _pass(self) -> tuple[bool, bool]:
         """One admission pass: ``(anything dispatched or settled, anything settled without dispatch)``."""
-        redo = sorted(self.redo, key=self.s.positions.__getitem__)
-        self.redo = []
+        redo: list[str] = []
+        waiting: list[str] = []
+        for n in sorted(self.redo, key=self.s.positions.__getitem__):
+            # A node going round again runs its body again: it needs the permit it freed when its body returned.
+            if n in self.freed:
+                if not self.admission.retake(self.s.plan.node(n)):
+                    waiting.append(n)
+                    continue
+                self.freed.discard(n)
+            redo.append(n)
+        self.redo = waiting
         admitted: list[str] = []
         if self._admit_due and self.admission.ready_count():
             admitted = list(self.admission.admit())
@@ -368,13 +385,32 @@ class Coordinator:
         self._untime(node_id)
         if node_id in self.admitted:
             self.admitted.discard(node_id)
-            self.admission.release(node_id)
-            self._admit_due = True  # a freed permit: the next pass may admit a waiting node
+            self._release(node_id)
         elif node_id in self.queued:
             self.queued.discard(node_id)
             self._entered.pop(node_id, None)
             self.admission.discard(node_id)
         self.apply(prop, first=1)
+
+    def _release(self, node_id: str) -> None:
+        """Free ``node_id``'s permit unless its body's return freed it already."""
+        if node_id in self.freed:
+            self.freed.discard(node_id)
+        else:
+            self.admission.release(node_id)
+            self._admit_due = True  # a freed permit: the next pass may admit a waiting node
+
+    def _returned(self, node_ids: list[str]) -> None:
+        """Jobs whose bodies returned and whose settlements were queued: free their permits now, so the next
+        bodies start while those settlements wait for their group commit (their outcomes, and so their dependents,
+        still wait for that commit)."""
+        if not self._free_on_return:
+            return
+        for node_id in node_ids:
+            if node_id in self.admitted and node_id not in self.freed and node_id in self.future_of:
+                self.freed.add(node_id)
+                self.admission.release(node_id)
+                self._admit_due = True
 
     def apply(self, prop: Propagation, first: int = 0) -> None:
         """Record the settlements a propagation implied and queue the nodes it made ready."""
@@ -395,8 +431,9 @@ class Coordinator:
         # Wake on committed settlements (the jobs' threads lead their group commits: _commits.py; each outcome is
         # durable once reported here) or on finished jobs: jobs that settled elsewhere (an inline or remote host)
         # and jobs that raised.
-        settled, done, written = self.s.commits.wait()
+        settled, done, written, returned = self.s.commits.wait()
         self.s.count(written)
+        self._returned(returned)
         pos = self.s.positions
         outcomes: dict[str, JobOutcome] = {}
         for job in settled:
@@ -536,8 +573,7 @@ class Coordinator:
             return f"Reorder cannot be honoured: {exc.message}"
         self._untime(node_id)
         self.admitted.discard(node_id)
-        self.admission.release(node_id)
-        self._admit_due = True
+        self._release(node_id)
         self.rerun.add(node_id)
         self.apply(prop)
         return None

@@ -24,7 +24,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import SettingsError
 
-__all__ = ["Host", "Job", "ThreadHost", "InlineHost", "default_workers"]
+__all__ = ["Host", "Job", "ThreadHost", "InlineHost", "default_workers", "body_returned"]
+
+#: The slot a ThreadHost job holds on its thread (see :func:`body_returned`).
+_SLOT = threading.local()
 
 
 @runtime_checkable
@@ -52,15 +55,32 @@ class Host(Protocol):
         ...
 
 
+def body_returned() -> None:
+    """Tell the host running the current job that its body returned: what is left is waiting for its settlement's
+    commit. A :class:`ThreadHost` then starts another job on another thread (so a group commit can hold more
+    settlements than the host has workers); elsewhere (another host, the coordinator's thread) nothing happens.
+    Idempotent."""
+    release = getattr(_SLOT, "release", None)
+    if release is not None:
+        _SLOT.release = None
+        release()
+
+
 def default_workers() -> int:
     """Default worker count of the local host: enough threads to overlap I/O-bound nodes on a small machine."""
     return min(32, (os.cpu_count() or 1) + 4)
 
 
 class ThreadHost:
-    """A thread pool of ``max_workers`` threads (default :func:`default_workers`). Node executions are usually
-    I/O-bound (subprocesses, file copies, hashing that releases the GIL), so threads overlap them well. The
-    scheduler's ``concurrency.steps`` caps how many are in flight; ``max_workers`` caps how many run at once."""
+    """Runs at most ``max_workers`` jobs' bodies at once (default :func:`default_workers`) on a thread pool. Node
+    executions are usually I/O-bound (subprocesses, file copies, hashing that releases the GIL), so threads overlap
+    them well. The scheduler's ``concurrency.steps`` caps how many are in flight; ``max_workers`` caps how many
+    run at once.
+
+    A job whose body returned (:func:`body_returned`) only waits for its settlement's commit: it gives its slot
+    back, and the host starts the next job on a spare thread. Up to ``max_workers`` such waiting jobs get spare
+    threads; beyond that the next job waits for a thread, never for anything a waiting job needs (the commit it
+    waits for is led by one of them or by the coordinator), so a full pool slows down and never deadlocks."""
 
     def __init__(self, max_workers: int | None = None, *, thread_name_prefix: str = "smthrs-node") -> None:
         if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
@@ -71,7 +91,11 @@ class ThreadHost:
         self.max_workers = max_workers or default_workers()
         #: Jobs run on this process's worker threads, never on the submitter's (see ``Host``).
         self.shares_process = True
-        self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=thread_name_prefix)
+        # Twice the slots: a spare thread for every job that may be waiting for its settlement's commit.
+        self._pool = ThreadPoolExecutor(
+            max_workers=2 * self.max_workers, thread_name_prefix=thread_name_prefix
+        )
+        self._slots = threading.Semaphore(self.max_workers)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -81,7 +105,15 @@ class ThreadHost:
                 raise RuntimeError("this host is closed; create a new one")
             # The job runs in this submitter's context (the current run of engine/context.py: a timer node and
             # ``sp.sleep`` inside a node need it), as InlineHost's jobs do.
-            return self._pool.submit(contextvars.copy_context().run, job.run)
+            return self._pool.submit(contextvars.copy_context().run, self._run, job)
+
+    def _run(self, job: Job) -> Any:
+        self._slots.acquire()
+        _SLOT.release = self._slots.release
+        try:
+            return job.run()
+        finally:
+            body_returned()  # the slot goes back when the job returns, if its body did not say so earlier
 
     def close(self) -> None:
         with self._lock:

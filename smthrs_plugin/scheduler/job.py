@@ -43,6 +43,7 @@ from ..stores.database import Database
 from ._commits import CommitQueue
 from ._records import append_record, finished_text, settle_meta_text, settled_text
 from .cancel import CancelToken
+from .host import body_returned
 from .model import NodeInput, Outcome
 
 __all__ = [
@@ -360,6 +361,15 @@ class NodeJob:
             "deviations": [{"kind": d.kind, "paths": list(d.paths)} for d in result.deviations],
         }
 
+    def _queued_commit(self, fn: Callable[[Connection], Any]) -> Any:
+        """Commit a settle transaction through the coordinator's queue. The body returned by now (the seam commits
+        its settlement after the body), so the host may start another job and the coordinator may free this node's
+        permit while the settlement waits for its group: a group commit then holds every settlement that is ready,
+        not only one per permit. Its outcome is still learned only from the commit."""
+        assert self.commits is not None
+        body_returned()
+        return self.commits.commit(fn, returned=self.spec.node_id)
+
     def run(self) -> JobOutcome:
         """Dispatch through the seam; settle the attempt durably (see the module invariants)."""
         if self.pipelined and self.commits is None:
@@ -369,7 +379,7 @@ class NodeJob:
                 "coordinator; a host that runs jobs elsewhere must not declare shares_process",
                 node=self.spec.node_id,
             )
-        commit = self.db.write_batched if self.commits is None else self.commits.commit
+        commit = self.db.write_batched if self.commits is None else self._queued_commit
         request = _hooked(self.request, self._settle, commit)
         result: DispatchResult = self.dispatcher.dispatch(request, self._execute)
         if result.publication is not None and self.publications is not None:

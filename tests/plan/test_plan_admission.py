@@ -56,6 +56,27 @@ def test_an_agent_counts_against_both_caps() -> None:
     assert adm.admit() == ("a2",)
 
 
+def test_retake_gives_a_released_node_its_permit_back_only_when_the_caps_have_room() -> None:
+    plan = sp.plan.compile_plan(
+        "p", "f", [sp.plan.node("ag", body=0, kind="agent"), sp.plan.node("s", body=1), sp.plan.node("t", body=2)]
+    )
+    adm = Admission({"steps": 2, "agents": 1})
+    for node_id in ("ag", "s", "t"):
+        adm.add_node(plan.node(node_id))
+    assert adm.admit() == ("ag", "s")
+    adm.release("ag")  # its body returned
+    assert adm.admit() == ("t",)
+    assert adm.retake(plan.node("ag")) is False  # both step permits are held: nothing changes
+    assert adm.in_flight_count() == 2
+    adm.release("s")
+    assert adm.retake(plan.node("ag")) is True
+    assert adm.in_flight_count() == 2
+    with pytest.raises(GraphError):
+        adm.retake(plan.node("ag"))  # it holds one already
+    adm.release("t")
+    assert adm.admit() == ()  # the agent cap is held by ag again
+
+
 def test_a_blocked_agent_does_not_block_a_later_step() -> None:
     adm = Admission({"steps": 3, "agents": 1})
     adm.add("busy", priority=0, position=0, agent=True)

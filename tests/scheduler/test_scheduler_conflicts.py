@@ -76,6 +76,41 @@ def test_delay_rebase_is_bounded_by_the_rebase_limit(env: Env, conflicts: int) -
         assert (env.ws / "out.txt").read_text() == f"x attempt {conflicts + 1}"
 
 
+def test_a_rebased_node_on_the_thread_host_takes_a_step_permit_again_before_its_body_reruns(env: Env) -> None:
+    # On the thread host a node frees its permit when its body returns; a conflict sends it round again, and its
+    # next body must wait for a permit like any other: never more than ``steps`` bodies at once.
+    import threading
+
+    from smthrs_plugin.scheduler import ThreadHost
+
+    plan = sp.plan.compile_plan(
+        "p",
+        "f",
+        [sp.plan.node("x", body=1, writes=["out.txt"], priority=9)]
+        + [sp.plan.node(f"w{i}", body=10 + i) for i in range(8)],
+    )
+    inner = _intruder(env, "x", 2)
+    lock = threading.Lock()
+    bodies = {"now": 0, "most": 0}
+
+    def executor(ni: NodeInput) -> Any:
+        with lock:
+            bodies["now"] += 1
+            bodies["most"] = max(bodies["most"], bodies["now"])
+        try:
+            return inner(ni)
+        finally:
+            with lock:
+                bodies["now"] -= 1
+
+    with ThreadHost(4) as host:
+        report = env.scheduler(rebase_limit=2, concurrency={"steps": 2}, host=host).run(plan, executor)
+    x = report.settlement("x")
+    assert (x.outcome, x.attempts, x.rebases) == ("built", 3, 2)
+    assert all(report.outcomes[f"w{i}"] == "built" for i in range(8))
+    assert bodies["most"] <= 2
+
+
 def test_an_irreversible_node_is_never_retried(env: Env) -> None:
     plan = sp.plan.compile_plan(
         "p", "f", [sp.plan.node("deploy", body=1, tier="irreversible", writes=["out.txt"])]

@@ -444,3 +444,90 @@ def test_a_job_that_is_not_pipelined_starts_only_after_its_begin_committed_even_
         report = env.scheduler("r1", host=host).run(plan, executor)
     assert {s.node: s.outcome for s in report.settlements} == {"free": "built", "deploy": "built"}
     assert seen["deploy"] == ["started"]
+
+
+class _HoldFirstSettlement:
+    """A pass-through dispatcher whose first settlement waits inside its group's transaction until ``hold`` bodies
+    ran, and which records how many settlements each committed transaction held."""
+
+    def __init__(self, db: Database, hold: int) -> None:
+        self.db, self.hold = db, hold
+        self.cv = threading.Condition()
+        self.bodies = 0
+        self.running = 0
+        self.most_running = 0
+        self.groups: list[int] = []  # settlements each committed transaction held
+        self._pending = 0
+        self._first = True
+
+    def _committed(self) -> None:
+        self.groups.append(self._pending)
+        self._pending = 0
+
+    def body(self) -> None:
+        with self.cv:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        with self.cv:
+            self.running -= 1
+            self.bodies += 1
+            self.cv.notify_all()
+
+    def dispatch(self, request: Any, execute: Any) -> Any:
+        from smthrs_plugin.cache.model import DispatchResult, Miss
+
+        result = DispatchResult("built", request.key, Miss(), value=execute(request.workspace))
+        with self.cv:
+            first, self._first = self._first, False
+
+        def tx(conn: Connection) -> Any:
+            if first:
+                with self.cv:
+                    assert self.cv.wait_for(lambda: self.bodies >= self.hold, DEADLINE_S), "bodies held back"
+            if not self._pending:  # the first settlement of this transaction (they run one after another)
+                self.db.on_commit(self._committed)
+            self._pending += 1
+            return request.on_settled(conn, result)
+
+        request.commit(tx)
+        return result
+
+
+def test_a_node_frees_its_step_permit_when_its_body_returns_not_when_its_settlement_commits(
+    tmp_path: Path,
+) -> None:
+    """While the first settlement's commit is held, bodies beyond ``steps`` run (never more than ``steps`` at once)
+    and their settlements wait for the next commit together: a group commit holds every ready settlement, not
+    only one per permit. Were permits held until the commit, only ``steps`` bodies could run and the held commit
+    would wait until its deadline. (Four: the thread host's spare threads for jobs waiting on a commit.)"""
+    nodes = 9
+    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(2) as host:
+        dispatcher = _HoldFirstSettlement(rt.db, hold=4)
+        rt.dispatcher = dispatcher  # type: ignore[assignment]
+
+        def executor(ni: Any) -> Any:
+            dispatcher.body()
+            return {"i": ni.id}
+
+        report = rt.scheduler("r1", concurrency={"steps": 2}, host=host).run(_wide(nodes), executor)
+        assert {s.outcome for s in report.settlements} == {"built"}
+        assert _assert_settlements_atomic(rt.db, "r1") == {f"n{i}" for i in range(nodes)}
+    assert dispatcher.most_running <= 2
+    assert sum(dispatcher.groups) == nodes
+
+
+def test_with_one_step_permit_a_node_keeps_it_until_its_settlement_commits(tmp_path: Path) -> None:
+    """``steps: 1`` stays one node at a time, settlement included: the admission order is then the same on every
+    host (a dependent made ready by a settlement competes before the next node is admitted)."""
+    nodes = 5
+    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(4) as host:
+        dispatcher = _HoldFirstSettlement(rt.db, hold=1)  # the first commit waits for its own body only
+        rt.dispatcher = dispatcher  # type: ignore[assignment]
+
+        def executor(ni: Any) -> Any:
+            dispatcher.body()
+            return {"i": ni.id}
+
+        report = rt.scheduler("r1", concurrency={"steps": 1}, host=host).run(_wide(nodes), executor)
+        assert {s.outcome for s in report.settlements} == {"built"}
+    assert set(dispatcher.groups) == {1}, dispatcher.groups
