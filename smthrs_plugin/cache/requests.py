@@ -171,7 +171,8 @@ def build_request(
         tier=draft.material.tier,
         declaration=declaration if declaration is not None else declaration_of(draft),
         reads=measured,
-        workspace=Path(workspace),
+        # Path(path) parses the path again: a scheduler passes the same Path for every node of its run.
+        workspace=workspace if isinstance(workspace, Path) else Path(workspace),
         sandbox=sandbox,
         nondeterministic=bool(draft.material.nondeterministic),
         consult_shared=shared if consult_shared is None else consult_shared,
