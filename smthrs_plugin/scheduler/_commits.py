@@ -136,6 +136,9 @@ class CommitQueue:
         self._done: list[Future[Any]] = []
         self._written: list[Any] = []
         self._returned: list[str] = []
+        #: Whether a queued settlement wakes the coordinator (:meth:`wait`): only worth it while ready nodes wait
+        #: for a permit (the coordinator sets it before it waits); otherwise it reads them at its next wake.
+        self.wake_on_return = True
         self._failures: list[BaseException] = []
         #: Coordinator writes :meth:`hold` took off the queue, for the interrupt (:meth:`take_held`).
         self._held_writes: list[Write] = []
@@ -154,7 +157,8 @@ class CommitQueue:
         with self._cv:
             if returned is not None:
                 self._returned.append(returned)
-                self._cv.notify_all()
+                if self.wake_on_return:
+                    self._cv.notify_all()
             if not self._open:
                 item.state = "alone"
             else:
@@ -260,7 +264,13 @@ class CommitQueue:
         (and forget) what happened (:class:`Events`). Raises the error of a group transaction that failed
         coordinator writes."""
         with self._cv:
-            while not (self._settled or self._done or self._written or self._failures or self._returned):
+            while not (
+                self._settled
+                or self._done
+                or self._written
+                or self._failures
+                or (self._returned and self.wake_on_return)
+            ):
                 self._cv.wait()
             if self._failures:
                 raise self._failures.pop(0)
