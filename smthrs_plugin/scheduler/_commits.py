@@ -259,10 +259,9 @@ class CommitQueue:
                 self._early.add(id(fut))
 
     def wait(self) -> Events:
-        """Block until a settlement committed or was queued, a watched future completed or a batch of writes
-        committed; return
-        (and forget) what happened (:class:`Events`). Raises the error of a group transaction that failed
-        coordinator writes."""
+        """Block until a settlement committed (or was queued, while :attr:`wake_on_return`), a watched future
+        completed or a batch of writes committed; return (and forget) what happened (:class:`Events`). Raises the
+        error of a group transaction that failed coordinator writes."""
         with self._cv:
             while not (
                 self._settled

@@ -431,8 +431,11 @@ class Coordinator:
         # Wake on committed settlements (the jobs' threads lead their group commits: _commits.py; each outcome is
         # durable once reported here) or on finished jobs: jobs that settled elsewhere (an inline or remote host)
         # and jobs that raised.
-        # A body's return frees a permit: worth waking for only while a ready node waits for one (a chain has none).
-        self.s.commits.wake_on_return = self._free_on_return and self.admission.ready_count() > 0
+        # A body's return frees a permit: worth waking for only while a node waits for one (a ready node, or one
+        # going round again); a chain has none.
+        self.s.commits.wake_on_return = self._free_on_return and (
+            self.admission.ready_count() > 0 or bool(self.redo)
+        )
         settled, done, written, returned = self.s.commits.wait()
         self.s.count(written)
         self._returned(returned)
