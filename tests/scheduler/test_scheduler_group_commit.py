@@ -493,6 +493,22 @@ class _HoldFirstSettlement:
         return result
 
 
+def _run_held(tmp_path: Path, *, nodes: int, hold: int, steps: int, workers: int) -> _HoldFirstSettlement:
+    """Run a wide plan of no-op nodes through :class:`_HoldFirstSettlement`; every node builds and settles atomically."""
+    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(workers) as host:
+        dispatcher = _HoldFirstSettlement(rt.db, hold=hold)
+        rt.dispatcher = dispatcher  # type: ignore[assignment]
+
+        def executor(ni: Any) -> Any:
+            dispatcher.body()
+            return {"i": ni.id}
+
+        report = rt.scheduler("r1", concurrency={"steps": steps}, host=host).run(_wide(nodes), executor)
+        assert {s.outcome for s in report.settlements} == {"built"}
+        assert _assert_settlements_atomic(rt.db, "r1") == {f"n{i}" for i in range(nodes)}
+    return dispatcher
+
+
 def test_a_node_frees_its_step_permit_when_its_body_returns_not_when_its_settlement_commits(
     tmp_path: Path,
 ) -> None:
@@ -500,34 +516,13 @@ def test_a_node_frees_its_step_permit_when_its_body_returns_not_when_its_settlem
     and their settlements wait for the next commit together: a group commit holds every ready settlement, not
     only one per permit. Were permits held until the commit, only ``steps`` bodies could run and the held commit
     would wait until its deadline. (Four: the thread host's spare threads for jobs waiting on a commit.)"""
-    nodes = 9
-    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(2) as host:
-        dispatcher = _HoldFirstSettlement(rt.db, hold=4)
-        rt.dispatcher = dispatcher  # type: ignore[assignment]
-
-        def executor(ni: Any) -> Any:
-            dispatcher.body()
-            return {"i": ni.id}
-
-        report = rt.scheduler("r1", concurrency={"steps": 2}, host=host).run(_wide(nodes), executor)
-        assert {s.outcome for s in report.settlements} == {"built"}
-        assert _assert_settlements_atomic(rt.db, "r1") == {f"n{i}" for i in range(nodes)}
+    dispatcher = _run_held(tmp_path, nodes=9, hold=4, steps=2, workers=2)
     assert dispatcher.most_running <= 2
-    assert sum(dispatcher.groups) == nodes
+    assert sum(dispatcher.groups) == 9
 
 
 def test_with_one_step_permit_a_node_keeps_it_until_its_settlement_commits(tmp_path: Path) -> None:
     """``steps: 1`` stays one node at a time, settlement included: the admission order is then the same on every
     host (a dependent made ready by a settlement competes before the next node is admitted)."""
-    nodes = 5
-    with sp.open_runtime(workspace=tmp_path) as rt, ThreadHost(4) as host:
-        dispatcher = _HoldFirstSettlement(rt.db, hold=1)  # the first commit waits for its own body only
-        rt.dispatcher = dispatcher  # type: ignore[assignment]
-
-        def executor(ni: Any) -> Any:
-            dispatcher.body()
-            return {"i": ni.id}
-
-        report = rt.scheduler("r1", concurrency={"steps": 1}, host=host).run(_wide(nodes), executor)
-        assert {s.outcome for s in report.settlements} == {"built"}
+    dispatcher = _run_held(tmp_path, nodes=5, hold=1, steps=1, workers=4)  # the first commit waits for itself
     assert set(dispatcher.groups) == {1}, dispatcher.groups
