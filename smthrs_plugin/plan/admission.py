@@ -202,11 +202,7 @@ class Admission:
             heapq.heappop(heap)
             self._work += 1
             node_id = best[2]
-            agent = self._live.pop(node_id)[2]
-            self._in_flight[node_id] = agent
-            self._used += 1
-            if agent:
-                self._agents_used += 1
+            self._take(node_id, self._live.pop(node_id)[2])
             out.append(node_id)
         return tuple(out)
 
@@ -222,11 +218,14 @@ class Admission:
             agent and agents_cap is not None and self._agents_used >= agents_cap
         ):
             return False
-        self._in_flight[node.id] = agent
+        self._take(node.id, agent)
+        return True
+
+    def _take(self, node_id: str, agent: bool) -> None:
+        self._in_flight[node_id] = agent
         self._used += 1
         if agent:
             self._agents_used += 1
-        return True
 
     def release(self, node_id: str) -> None:
         """An admitted node's body returned or it settled: free its step (and agent) permit. Retries keep the
