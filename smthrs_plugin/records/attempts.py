@@ -33,8 +33,9 @@ from sqlalchemy.engine import Connection, Row
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import is_key, key_digest
 from ..errors import StoreError
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import ATTEMPT_STATES, attempts
+from ..stores.statements import DriverStatement
 from .runs import OwnerId, Undecodable, assert_owner, json_column, json_text
 
 __all__ = ["AttemptStore", "AttemptRecord", "AttemptStarted", "AttemptCompleted", "AttemptFailed"]

@@ -25,8 +25,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import step_cache
+from ..stores.statements import DriverStatement
 
 __all__ = [
     "LocalRow",

@@ -49,7 +49,7 @@ from ..stores.control_tables import (
     control_runs,
     control_tokens,
 )
-from ..stores.database import DriverStatement
+from ..stores.statements import DriverStatement
 from .journal import addressed_seq
 
 __all__ = [

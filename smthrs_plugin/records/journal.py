@@ -39,8 +39,9 @@ from sqlalchemy.engine import Connection
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes
 from ..errors import CanonicalError, StoreError
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import journal_events
+from ..stores.statements import DriverStatement
 
 __all__ = [
     "Journal",

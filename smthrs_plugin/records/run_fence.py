@@ -26,8 +26,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..errors import FenceLost, StoreError
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import meta, runs
+from ..stores.statements import DriverStatement
 from ._run_rows import OBSERVED_COLUMNS, OwnerId, fact_of
 from .journal import Appended, Journal, PendingRecord, record_cte
 

@@ -27,8 +27,9 @@ from sqlalchemy.sql.elements import ColumnElement
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes
 from ..errors import StoreError
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import RUN_STATUSES, TERMINAL_STATUSES, meta, run_tombstones, runs
+from ..stores.statements import DriverStatement
 from ._run_rows import (
     BASELINE_CREATED,
     BASELINE_LEGACY,

@@ -25,8 +25,9 @@ from sqlalchemy.engine import Connection, Row
 from .._clock import SYSTEM_CLOCK, Clock
 from ..canonical import canonical_bytes, sha256_hex
 from ..errors import CanonicalError, FenceLost, StoreError
-from ..stores.database import Database, DriverStatement
+from ..stores.database import Database
 from ..stores.schema import TERMINAL_STATUSES, runs
+from ..stores.statements import DriverStatement
 from ..stores.wait_tables import clock_deadlines, deferred_completions
 from .journal import Journal
 from .runs import (

@@ -21,8 +21,9 @@ from smthrs_plugin.errors import FenceLost, StoreError
 from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.records.runs import OwnerId, RunStore, bump_run, bump_run_observed, execution_fact
 from smthrs_plugin.settings import Settings
-from smthrs_plugin.stores.database import Database, DriverStatement, open_database
+from smthrs_plugin.stores.database import Database, open_database
 from smthrs_plugin.stores.schema import runs as runs_table
+from smthrs_plugin.stores.statements import DriverStatement
 
 
 def _steal_from_a(
