@@ -9,7 +9,9 @@
   rolled-back savepoint or a retried attempt are discarded.
 - Deferred writes (:meth:`Database.deferred`, only where the transaction's runner allowed them with
   :meth:`Database.allow_deferred`) are written in that same transaction, at its outermost level: before a savepoint
-  opens and before the commit, so they commit or roll back exactly as if they had run when they were asked.
+  opens and before the commit, so they commit or roll back exactly as if they had run when they were asked. On
+  PostgreSQL those written at the commit are sent with the COMMIT in one round trip (psycopg's pipeline mode): an
+  error of any of them is raised from the commit and rolls the whole transaction back, a 40001 retries it.
 - :meth:`Database.next_revision` bumps the revision in the caller's transaction: revision order is commit order.
 - :meth:`Database.write_statement` runs a statement that is a whole write transaction by itself, with the same retry.
 - A :class:`~.statements.DriverStatement` is compiled once per dialect and runs on the caller's open transaction, with the same
@@ -417,13 +419,21 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
             _on_driver(conn, h.begin_sql, driver.execute, h.begin_sql)
         try:
             result = fn(conn)
-            if tx.deferred:
-                _flush_deferred(tx)
-            if conn.in_transaction():
-                conn.commit()
+            if tx.deferred and h.pipelines:
+                # The deferred writes and the COMMIT in ONE round trip (psycopg's pipeline mode: the statements
+                # are sent without waiting, the COMMIT's sync reads every result): an error of any of them is
+                # raised here, from the commit, and rolls the whole transaction back as before.
+                with driver.pipeline() as pipeline:
+                    try:
+                        _flush_deferred(tx)
+                        _commit(conn, driver)
+                    except BaseException as exc:
+                        _drain(pipeline, exc)
+                        raise
             else:
-                # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
-                _on_driver(conn, "COMMIT", driver.commit)
+                if tx.deferred:
+                    _flush_deferred(tx)
+                _commit(conn, driver)
         except BaseException:
             _rollback(conn)
             raise
@@ -432,6 +442,29 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
     finally:
         tx.conn, tx.callbacks, tx.deferred = None, [], None
         h.give_back(conn, reusable)
+
+
+def _commit(conn: Connection, driver: Any) -> None:
+    if conn.in_transaction():
+        conn.commit()
+    else:
+        # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
+        _on_driver(conn, "COMMIT", driver.commit)
+
+
+def _drain(pipeline: Any, primary: BaseException) -> None:
+    # ``primary`` is being raised: the first failure of the pipeline (or an error of ours while it was open). The
+    # statements queued after a failed one were skipped by the server and answer "pipeline aborted"; reading those
+    # answers here, before the pipeline closes, ends the aborted state. Closed with them unread, psycopg logs a
+    # warning for a failure that is already raised (and handled: a serialization failure is retried).
+    from psycopg.errors import PipelineAborted
+
+    try:
+        pipeline.sync()
+    except PipelineAborted:
+        pass  # the skipped statements: what failed first is ``primary``
+    except Exception as exc:  # noqa: BLE001 - kept on the error being raised, which stays the one that counts
+        primary.add_note(f"reading the rest of the pipeline then failed too: {type(exc).__name__}: {exc}")
 
 
 def _statement_alone(h: _Handle, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:
@@ -557,6 +590,8 @@ class _Handle:
     #: How long an idle writer may wait in ``idle`` and still be reused without the pool's checkout (None:
     #: forever). PostgreSQL: the pool pings a connection idle longer than this at checkout, so one is not kept.
     reuse_within_s: float | None = None
+    #: Whether a transaction's deferred writes and its COMMIT go in one round trip (psycopg's pipeline mode).
+    pipelines: bool = False
     local: threading.local = field(default_factory=threading.local)
     #: Write connections between two transactions, most recently used last (see take_writer).
     idle: deque[tuple[Connection, float]] = field(default_factory=deque)
@@ -685,7 +720,7 @@ def _create_handle(db: Database) -> _Handle:
     if db.dialect == "sqlite":
         h = _Handle(db, write, read, begin_sql=_SQLITE_WRITE_BEGIN)
     else:
-        h = _Handle(db, write, read, reuse_within_s=_PG_IDLE_PING_S)
+        h = _Handle(db, write, read, reuse_within_s=_PG_IDLE_PING_S, pipelines=True)
     try:
         from .migrate import ensure_schema
 
