@@ -46,7 +46,7 @@ from ..settings import SqliteSynchronous, sqlite_synchronous_setting
 from . import schema as schema
 from ._group_commit import GroupCommit
 from .dberrors import RETRY_SQLSTATES, connect, sqlstate, store_error
-from .statements import DriverStatement, driver_error
+from .statements import DriverStatement, driver_error, pipeline
 
 __all__ = [
     "Database",
@@ -423,13 +423,9 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
                 # The deferred writes and the COMMIT in ONE round trip (psycopg's pipeline mode: the statements
                 # are sent without waiting, the COMMIT's sync reads every result): an error of any of them is
                 # raised here, from the commit, and rolls the whole transaction back as before.
-                with driver.pipeline() as pipeline:
-                    try:
-                        _flush_deferred(tx)
-                        _commit(conn, driver)
-                    except BaseException as exc:
-                        _drain(pipeline, exc)
-                        raise
+                with pipeline(driver):
+                    _flush_deferred(tx)
+                    _commit(conn, driver)
             else:
                 if tx.deferred:
                     _flush_deferred(tx)
@@ -450,21 +446,6 @@ def _commit(conn: Connection, driver: Any) -> None:
     else:
         # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
         _on_driver(conn, "COMMIT", driver.commit)
-
-
-def _drain(pipeline: Any, primary: BaseException) -> None:
-    # ``primary`` is being raised: the first failure of the pipeline (or an error of ours while it was open). The
-    # statements queued after a failed one were skipped by the server and answer "pipeline aborted"; reading those
-    # answers here, before the pipeline closes, ends the aborted state. Closed with them unread, psycopg logs a
-    # warning for a failure that is already raised (and handled: a serialization failure is retried).
-    from psycopg.errors import PipelineAborted
-
-    try:
-        pipeline.sync()
-    except PipelineAborted:
-        pass  # the skipped statements: what failed first is ``primary``
-    except Exception as exc:  # noqa: BLE001 - kept on the error being raised, which stays the one that counts
-        primary.add_note(f"reading the rest of the pipeline then failed too: {type(exc).__name__}: {exc}")
 
 
 def _statement_alone(h: _Handle, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:

@@ -1,12 +1,14 @@
-"""Hot statements run on the driver connection of an open transaction (:class:`DriverStatement`), and the mapping
-of a driver error to the ``DBAPIError`` SQLAlchemy would have raised (:func:`driver_error`): every store module
-that writes its table thousands of times a second uses them, through :mod:`.database`'s transactions."""
+"""Hot statements run on the driver connection of an open transaction (:class:`DriverStatement`), the mapping of a
+driver error to the ``DBAPIError`` SQLAlchemy would have raised (:func:`driver_error`), and psycopg's pipeline mode
+without its warnings (:func:`pipeline`): every store module that writes its table thousands of times a second uses
+them, through :mod:`.database`'s transactions."""
 
 from __future__ import annotations
 
 import threading
 from collections import namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -17,7 +19,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Dialect as SaDialect
 from sqlalchemy.sql.expression import Executable
 
-__all__ = ["DriverStatement", "driver_error"]
+__all__ = ["DriverStatement", "driver_error", "pipeline"]
 
 
 class DriverStatement:
@@ -70,7 +72,11 @@ class DriverStatement:
                 driver.executemany(form.sql, args)
             else:
                 with driver.cursor() as cur:
-                    cur.executemany(form.sql, args)
+                    if driver.pgconn.pipeline_status:
+                        cur.executemany(form.sql, args)  # rides the open pipeline: its sync reports errors
+                    else:
+                        with pipeline(driver):
+                            cur.executemany(form.sql, args)
         except conn.dialect.loaded_dbapi.Error as exc:
             raise driver_error(conn, form.sql, args, exc) from exc
 
@@ -149,3 +155,31 @@ def driver_error(conn: Connection, sql: str, args: Any, exc: Any) -> sa_exc.Stat
     if lost:
         conn.invalidate(exc)
     return wrapped
+
+
+@contextmanager
+def pipeline(driver: Any) -> Iterator[None]:
+    """psycopg's pipeline mode on the driver connection ``driver`` for the block: statements are sent without
+    waiting, and the first error among them is raised at the next sync (a fetch, a commit, or the block's end).
+
+    An error raised inside the block reads the pipeline's remaining answers before it closes: the statements
+    queued after a failed one were skipped by the server and answer "pipeline aborted", and closing the pipeline
+    with them unread makes psycopg log a warning for a failure that is already being raised (and handled: a
+    serialization failure is retried) — noise in the user's log for every retried conflict."""
+    with driver.pipeline() as pipe:
+        try:
+            yield
+        except BaseException as exc:
+            _drain(pipe, exc)
+            raise
+
+
+def _drain(pipe: Any, primary: BaseException) -> None:
+    from psycopg.errors import PipelineAborted
+
+    try:
+        pipe.sync()
+    except PipelineAborted:
+        pass  # a statement skipped after the failure: what failed first is ``primary``
+    except Exception as exc:  # noqa: BLE001 - kept on the error being raised, which stays the one that counts
+        primary.add_note(f"reading the rest of the pipeline then failed too: {type(exc).__name__}: {exc}")

@@ -128,3 +128,39 @@ def test_a_serialization_failure_at_a_pipelined_commit_reruns_the_whole_transact
     assert [e.seq for e in journal.read("p")] == [0, 1]
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
     db.close()
+
+
+def test_a_deferred_write_refused_when_flushed_mid_transaction_is_raised_there(
+    db: Database,
+    journal: Journal,
+    runs: RunStore,
+    clock: ManualClock,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Settling an attempt begun in an earlier transaction flushes the deferred rows first (the owner's rule): the
+    # refusal of one of them is raised by that settlement, inside the body, and nothing of the body commits.
+    a = ownership(db, journal, clock, settings, "a")
+    attempts = AttemptStore(db, clock=clock)
+    runs.create("r", "flow")
+    a.claim("r")
+    k = key({"node": "build"})
+    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=1, node_id="build", meta=None))
+    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=2, node_id="build", meta=None))
+    raised: list[str] = []
+
+    def body(conn: Connection) -> None:
+        db.allow_deferred()
+        journal.append_canonical_in(conn, "p", "t", '{"n":0}')
+        attempts.begin_in(conn, "r", a.owner, k, attempt=1, node_id="build", meta=None)  # taken: refused
+        try:
+            attempts.complete_in(conn, "r", a.owner, k, 2, result=None, meta=None)
+        except Exception as exc:  # the driver's refusal; Database.write maps it to StoreError
+            raised.append(type(exc).__name__)
+            raise
+
+    with caplog.at_level(logging.WARNING), pytest.raises(StoreError):
+        db.write(body)
+    assert raised == ["IntegrityError"]
+    assert journal.read("p", limit=10) == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
