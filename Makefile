@@ -73,6 +73,7 @@ docs-serve: $(STAMP_TEST)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 bench: $(STAMP_TEST) bytecode
+	@mkdir -p $(PREFECT_HOME)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
