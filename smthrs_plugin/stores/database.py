@@ -46,7 +46,7 @@ from ..settings import SqliteSynchronous, sqlite_synchronous_setting
 from . import schema as schema
 from ._group_commit import GroupCommit
 from .dberrors import RETRY_SQLSTATES, connect, sqlstate, store_error
-from .statements import DriverStatement, driver_error, pipeline
+from .statements import DriverStatement, driver_error, pipeline, pipelines_supported
 
 __all__ = [
     "Database",
@@ -701,7 +701,7 @@ def _create_handle(db: Database) -> _Handle:
     if db.dialect == "sqlite":
         h = _Handle(db, write, read, begin_sql=_SQLITE_WRITE_BEGIN)
     else:
-        h = _Handle(db, write, read, reuse_within_s=_PG_IDLE_PING_S, pipelines=True)
+        h = _Handle(db, write, read, reuse_within_s=_PG_IDLE_PING_S, pipelines=pipelines_supported())
     try:
         from .migrate import ensure_schema
 

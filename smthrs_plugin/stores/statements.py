@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Dialect as SaDialect
 from sqlalchemy.sql.expression import Executable
 
-__all__ = ["DriverStatement", "driver_error", "pipeline"]
+__all__ = ["DriverStatement", "driver_error", "pipeline", "pipelines_supported"]
 
 
 class DriverStatement:
@@ -72,8 +72,10 @@ class DriverStatement:
                 driver.executemany(form.sql, args)
             else:
                 with driver.cursor() as cur:
-                    if driver.pgconn.pipeline_status:
-                        cur.executemany(form.sql, args)  # rides the open pipeline: its sync reports errors
+                    if driver.pgconn.pipeline_status or not pipelines_supported():
+                        # Rides the open pipeline (its sync reports errors), or, with a libpq too old for
+                        # pipeline mode, runs the rows one after another (psycopg's own fallback).
+                        cur.executemany(form.sql, args)
                     else:
                         with pipeline(driver):
                             cur.executemany(form.sql, args)
@@ -155,6 +157,14 @@ def driver_error(conn: Connection, sql: str, args: Any, exc: Any) -> sa_exc.Stat
     if lost:
         conn.invalidate(exc)
     return wrapped
+
+
+def pipelines_supported() -> bool:
+    """Whether psycopg's libpq has pipeline mode (libpq 14 and newer; the ``psycopg[binary]`` wheels bundle one).
+    Without it every statement is its own round trip, as before pipelines were used: slower, never wrong."""
+    from psycopg import Pipeline
+
+    return bool(Pipeline.is_supported())
 
 
 @contextmanager

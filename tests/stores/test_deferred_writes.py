@@ -164,3 +164,30 @@ def test_a_deferred_write_refused_when_flushed_mid_transaction_is_raised_there(
     assert raised == ["IntegrityError"]
     assert journal.read("p", limit=10) == []
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
+def test_without_pipeline_mode_deferred_writes_commit_one_statement_at_a_time(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A psycopg built against a libpq older than 14 has no pipeline mode: the same transactions still commit.
+    import psycopg
+
+    def refused(self: object) -> None:
+        raise psycopg.NotSupportedError("libpq too old for pipeline mode")
+
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    monkeypatch.setattr(psycopg.Connection, "pipeline", refused)
+    db = open_database(postgres_url)
+    journal = Journal(db)
+    _deferred_appends(db, journal, "p", ['{"n":0}', '{"n":1}'])
+
+    def body(conn: Connection) -> None:
+        db.allow_deferred()
+        journal.append_canonical_in(conn, "p", "t", '{"n":2}')
+        journal.append_canonical_in(conn, "p", "t", '{"n":3}')
+        db.flush_deferred()  # the mid-transaction executemany, outside any pipeline
+        journal.append_canonical_in(conn, "p", "t", '{"n":4}')
+
+    db.write(body)
+    assert [(e.seq, e.payload["n"]) for e in journal.read("p", limit=10)] == [(i, i) for i in range(5)]
+    db.close()
