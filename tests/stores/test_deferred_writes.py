@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 import pytest
 from _store_support import ownership
@@ -17,7 +18,7 @@ from smthrs_plugin.canonical import key
 from smthrs_plugin.errors import StoreError
 from smthrs_plugin.records.attempts import AttemptStore
 from smthrs_plugin.records.journal import Journal, JournalEvent
-from smthrs_plugin.records.runs import RunStore
+from smthrs_plugin.records.runs import OwnerId, RunStore
 from smthrs_plugin.settings import Settings
 from smthrs_plugin.stores.database import Database, open_database
 
@@ -29,6 +30,30 @@ def _deferred_appends(db: Database, journal: Journal, partition: str, texts: lis
             journal.append_canonical_in(conn, partition, "t", text)
 
     db.write(body)
+
+
+def _driver_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What psycopg logged: a failure is the error raised, never also a warning in the user's log."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
+
+
+@dataclass
+class Begun:
+    attempts: AttemptStore
+    owner: OwnerId
+    key: str
+
+
+@pytest.fixture
+def begun(db: Database, journal: Journal, runs: RunStore, clock: ManualClock, settings: Settings) -> Begun:
+    """Run ``r`` claimed, with attempt 1 of one key begun and committed."""
+    a = ownership(db, journal, clock, settings, "a")
+    attempts = AttemptStore(db, clock=clock)
+    runs.create("r", "flow")
+    a.claim("r")
+    k = key({"node": "build"})
+    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=1, node_id="build", meta=None))
+    return Begun(attempts, a.owner, k)
 
 
 def test_concurrent_deferred_appends_get_distinct_contiguous_sequences_and_no_driver_warning(
@@ -44,7 +69,7 @@ def test_concurrent_deferred_appends_get_distinct_contiguous_sequences_and_no_dr
     with caplog.at_level(logging.WARNING):
         assert run_threads(writer, 4) == []
     # A retried serialization failure is handled, not something for the driver to warn about in the user's log.
-    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert _driver_warnings(caplog) == []
     events = journal.read("hot", limit=1000)
     assert [e.seq for e in events] == list(range(80))
     # Each transaction's two records are adjacent and in append order.
@@ -54,26 +79,15 @@ def test_concurrent_deferred_appends_get_distinct_contiguous_sequences_and_no_dr
 
 
 def test_a_deferred_write_refused_at_commit_rolls_back_the_whole_transaction(
-    db: Database,
-    journal: Journal,
-    runs: RunStore,
-    clock: ManualClock,
-    settings: Settings,
-    caplog: pytest.LogCaptureFixture,
+    db: Database, journal: Journal, begun: Begun, caplog: pytest.LogCaptureFixture
 ) -> None:
-    a = ownership(db, journal, clock, settings, "a")
-    attempts = AttemptStore(db, clock=clock)
-    runs.create("r", "flow")
-    a.claim("r")
-    k = key({"node": "build"})
-    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=1, node_id="build", meta=None))
     seen: list[JournalEvent] = []
 
     def body(conn: Connection) -> None:
         db.allow_deferred()
         journal.append_canonical_in(conn, "p", "t", '{"n":0}')
         # Attempt 1 is taken: the deferred row is refused by the primary key when it is written, at the commit.
-        attempts.begin_in(conn, "r", a.owner, k, attempt=1, node_id="build", meta=None)
+        begun.attempts.begin_in(conn, "r", begun.owner, begun.key, attempt=1, node_id="build", meta=None)
         journal.append_canonical_in(conn, "p", "t", '{"n":1}')
 
     with caplog.at_level(logging.WARNING), journal.subscribe(seen.append):
@@ -84,8 +98,7 @@ def test_a_deferred_write_refused_at_commit_rolls_back_the_whole_transaction(
         _deferred_appends(db, journal, "p", ['{"n":2}'])
     assert [(e.seq, e.payload) for e in journal.read("p", limit=10)] == [(0, {"n": 2})]
     assert [e.payload for e in seen] == [{"n": 2}]
-    # The refusal is the error raised, never a warning the driver logs beside it.
-    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert _driver_warnings(caplog) == []
 
 
 def test_records_deferred_after_a_flush_inside_the_transaction_follow_the_flushed_ones(
@@ -126,35 +139,25 @@ def test_a_serialization_failure_at_a_pipelined_commit_reruns_the_whole_transact
     assert sorted(calls) in (["a", "a", "b"], ["a", "b", "b"])
     assert sorted(e.payload["by"] for e in journal.read("p")) == ["a", "b"]
     assert [e.seq for e in journal.read("p")] == [0, 1]
-    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert _driver_warnings(caplog) == []
     db.close()
 
 
 def test_a_deferred_write_refused_when_flushed_mid_transaction_is_raised_there(
-    db: Database,
-    journal: Journal,
-    runs: RunStore,
-    clock: ManualClock,
-    settings: Settings,
-    caplog: pytest.LogCaptureFixture,
+    db: Database, journal: Journal, begun: Begun, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Settling an attempt begun in an earlier transaction flushes the deferred rows first (the owner's rule): the
     # refusal of one of them is raised by that settlement, inside the body, and nothing of the body commits.
-    a = ownership(db, journal, clock, settings, "a")
-    attempts = AttemptStore(db, clock=clock)
-    runs.create("r", "flow")
-    a.claim("r")
-    k = key({"node": "build"})
-    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=1, node_id="build", meta=None))
-    db.write(lambda c: attempts.begin_in(c, "r", a.owner, k, attempt=2, node_id="build", meta=None))
+    attempts, owner, k = begun.attempts, begun.owner, begun.key
+    db.write(lambda c: attempts.begin_in(c, "r", owner, k, attempt=2, node_id="build", meta=None))
     raised: list[str] = []
 
     def body(conn: Connection) -> None:
         db.allow_deferred()
         journal.append_canonical_in(conn, "p", "t", '{"n":0}')
-        attempts.begin_in(conn, "r", a.owner, k, attempt=1, node_id="build", meta=None)  # taken: refused
+        attempts.begin_in(conn, "r", owner, k, attempt=1, node_id="build", meta=None)  # taken: refused
         try:
-            attempts.complete_in(conn, "r", a.owner, k, 2, result=None, meta=None)
+            attempts.complete_in(conn, "r", owner, k, 2, result=None, meta=None)
         except Exception as exc:  # the driver's refusal; Database.write maps it to StoreError
             raised.append(type(exc).__name__)
             raise
@@ -163,7 +166,7 @@ def test_a_deferred_write_refused_when_flushed_mid_transaction_is_raised_there(
         db.write(body)
     assert raised == ["IntegrityError"]
     assert journal.read("p", limit=10) == []
-    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert _driver_warnings(caplog) == []
 
 
 def test_without_pipeline_mode_deferred_writes_commit_one_statement_at_a_time(
