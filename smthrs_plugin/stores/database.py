@@ -14,8 +14,8 @@
   error of any of them is raised from the commit and rolls the whole transaction back, a 40001 retries it.
 - :meth:`Database.next_revision` bumps the revision in the caller's transaction: revision order is commit order.
 - :meth:`Database.write_statement` runs a statement that is a whole write transaction by itself, with the same retry.
-- A :class:`~.statements.DriverStatement` is compiled once per dialect and runs on the caller's open transaction, with the same
-  error mapping.
+- A :class:`~.statements.DriverStatement` is compiled once per dialect and runs on the caller's open transaction,
+  with the same error mapping.
 - Engines are per (process, URL) and never pickled: a :class:`Database` pickles as its URL.
 - SQLite file databases run with ``synchronous = FULL`` unless ``SMTHRS_SQLITE_SYNCHRONOUS=normal`` opts in
   (:func:`open_database`); one process uses one mode per database file.
