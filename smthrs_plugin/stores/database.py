@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -419,17 +420,17 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
             _on_driver(conn, h.begin_sql, driver.execute, h.begin_sql)
         try:
             result = fn(conn)
-            if tx.deferred and h.pipelines:
-                # The deferred writes and the COMMIT in ONE round trip (psycopg's pipeline mode: the statements
-                # are sent without waiting, the COMMIT's sync reads every result): an error of any of them is
-                # raised here, from the commit, and rolls the whole transaction back as before.
-                with pipeline(driver):
-                    _flush_deferred(tx)
-                    _commit(conn, driver)
-            else:
+            # On PostgreSQL the deferred writes and the COMMIT go in ONE round trip (psycopg's pipeline mode: the
+            # statements are sent without waiting, the COMMIT's sync reads every result): an error of any of them
+            # is raised here, from the commit, and rolls the whole transaction back as before.
+            with pipeline(driver) if tx.deferred and h.pipelines else nullcontext():
                 if tx.deferred:
                     _flush_deferred(tx)
-                _commit(conn, driver)
+                if conn.in_transaction():
+                    conn.commit()
+                else:
+                    # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
+                    _on_driver(conn, "COMMIT", driver.commit)
         except BaseException:
             _rollback(conn)
             raise
@@ -438,14 +439,6 @@ def _outermost(h: _Handle, tx: _Tx, fn: Callable[[Connection], T]) -> tuple[T, l
     finally:
         tx.conn, tx.callbacks, tx.deferred = None, [], None
         h.give_back(conn, reusable)
-
-
-def _commit(conn: Connection, driver: Any) -> None:
-    if conn.in_transaction():
-        conn.commit()
-    else:
-        # PostgreSQL may fail a SERIALIZABLE transaction at COMMIT: wrapped, it reaches the retry.
-        _on_driver(conn, "COMMIT", driver.commit)
 
 
 def _statement_alone(h: _Handle, stmt: DriverStatement, params: Mapping[str, Any]) -> Any | None:
