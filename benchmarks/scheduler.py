@@ -19,7 +19,11 @@ against ONE raw SQLite ``synchronous=FULL`` commit (BEGIN IMMEDIATE, a one-row U
 process, alternating rounds, medians; PostgreSQL beside it when ``SMTHRS_TEST_POSTGRES_URL`` is set (one raw
 SERIALIZABLE UPDATE transaction). ``SMTHRS_BENCH_ONLY=p7`` prints only that table, then one ``GOAL`` line per P7
 goal (met / NOT met, with its ratio and the raw anchors): wide >= 3,000 nodes/s and <= 1.0x a raw commit per node,
-chain <= 2.0x, PostgreSQL <= 3.0x. This is a measurement, not a test.
+chain <= 2.0x, PostgreSQL <= 3.0x. Beside the ratios it prints where each run's CPU went (``CpuSplit``): the
+coordinator's thread, the other threads (jobs and the commits they lead), the kernel's share, and process CPU over
+wall (1.0: CPU-bound, so only less CPU per node makes it faster; well below: waiting on fsync or hand-offs). Every
+timed run, raw commits included, starts after a ``gc.collect()``, so a full collection is charged to the run whose
+garbage triggers it. This is a measurement, not a test.
 
 Where the time goes (and what was done about it):
 - graph mechanics (RuntimeGraph + Admission) cost microseconds per node: the indexes are not the bottleneck.
@@ -47,6 +51,7 @@ Measured on a 2-core machine shared with other work: numbers move by 2x between 
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import sys
 import tempfile
@@ -183,9 +188,50 @@ class Timed:
         return result
 
 
+class CpuSplit:
+    """Where one timed run's CPU went: the coordinator's thread (the caller's: ``sched.run`` coordinates on it),
+    the process as a whole (user and system time: the job threads, the commits, the kernel's share of fsync and
+    thread wake-ups) and the cyclic GC (collections of the oldest generation, and all the GC's time)."""
+
+    def __init__(self) -> None:
+        self.wall = self.main = self.user = self.system = self.gc_s = 0.0
+        self.full_collections = 0
+        self._gc_started = 0.0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        self.gc_s += time.perf_counter() - self._gc_started
+        if info.get("generation") == 2:
+            self.full_collections += 1
+
+    def __enter__(self) -> CpuSplit:
+        # Every timed run starts with empty young generations: a full collection paid for garbage another
+        # variant left behind (a 2-core VM's gen-2 pass over a big heap costs 50-200 ms) lands on nobody.
+        gc.collect()
+        gc.callbacks.append(self._on_gc)
+        self._t = os.times()
+        self._main = time.thread_time()
+        self._wall = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self._wall
+        self.main = time.thread_time() - self._main
+        t = os.times()
+        self.user, self.system = t.user - self._t.user, t.system - self._t.system
+        gc.callbacks.remove(self._on_gc)
+
+
+#: The CPU split of the last :func:`run_ours` (what P7 prints beside its ratios).
+LAST_SPLIT = CpuSplit()
+
+
 def run_ours(
     plan: sp.plan.Plan, *, full: bool, synchronous: str = "full", db: str | None = None, run_id: str = "bench"
 ) -> tuple[float, Timed]:
+    global LAST_SPLIT
     with (
         tempfile.TemporaryDirectory(prefix="smthrs-bench-") as tmp,
         sp.open_runtime(workspace=Path(tmp), db=db, sqlite_synchronous=synchronous) as rt,
@@ -193,9 +239,10 @@ def run_ours(
         timed = Timed(rt.dispatcher if full else PassThrough(rt.db))
         rt.dispatcher = timed  # type: ignore[assignment]
         sched = rt.scheduler(run_id, concurrency={"steps": WORKERS}, host=ThreadHost(WORKERS))
-        t0 = time.perf_counter()
-        report = sched.run(plan, noop)
-        dt = time.perf_counter() - t0
+        with CpuSplit() as split:
+            report = sched.run(plan, noop)
+        dt = split.wall
+        LAST_SPLIT = split
         sched.host.close()
     assert all(s.outcome == "built" for s in report.settlements), "benchmark run did not build every node"
     return dt, timed
@@ -224,6 +271,7 @@ def raw_sqlite_commit_ms(n: int = 300) -> float:
         con.execute("PRAGMA synchronous=FULL")
         con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER)")
         con.execute("INSERT INTO t VALUES (1, 0)")
+        gc.collect()
         t0 = time.perf_counter()
         for _ in range(n):
             con.execute("BEGIN IMMEDIATE")
@@ -243,12 +291,31 @@ def raw_pg_commit_ms(url: str, n: int = 300) -> float:
         con.execute("INSERT INTO t VALUES (1, 0)")
         con.commit()
         con.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        gc.collect()
         t0 = time.perf_counter()
         for _ in range(n):
             con.execute("UPDATE t SET v = v + 1 WHERE id = 1")
             con.commit()
         dt = time.perf_counter() - t0
     return dt / n * 1000
+
+
+def _split_line(splits: list[CpuSplit]) -> str:
+    import statistics
+
+    def med(f: Any) -> float:
+        return float(statistics.median(f(s) for s in splits))
+
+    coordinator = med(lambda s: s.main / N * 1e6)
+    others = med(lambda s: (s.user + s.system - s.main) / N * 1e6)
+    system = med(lambda s: s.system / N * 1e6)
+    busy = med(lambda s: (s.user + s.system) / s.wall)
+    full = sum(s.full_collections for s in splits)
+    gc_ms = sum(s.gc_s for s in splits) * 1000 / len(splits)
+    return (
+        f"coordinator {coordinator:5.0f}  other threads {others:5.0f}  of both, system {system:4.0f}  "
+        f"process CPU / wall {busy:4.2f}  (GC {gc_ms:.0f} ms a run; {full} full collections in {len(splits)} runs)"
+    )
 
 
 def p7(rounds: int = 3) -> None:
@@ -264,18 +331,26 @@ def p7(rounds: int = 3) -> None:
     print(f"{'shape':<6} {'backend':<10} {'ms/node':>8} {'raw commit ms':>14} {'ratio':>7} {'nodes/s':>8}")
     backends: list[tuple[str, str | None]] = [("sqlite", None)] + ([("postgresql", pg)] if pg else [])
     measured: dict[tuple[str, str], tuple[float, float]] = {}
+    cpu_lines: list[str] = []
     for shape in ("wide", "chain"):
         plan = make_plan(shape, N)
         for name, url in backends:
             ours_ms: list[float] = []
             raw_ms: list[float] = []
+            splits: list[CpuSplit] = []
             for _ in range(rounds):
                 raw_ms.append(raw_sqlite_commit_ms() if url is None else raw_pg_commit_ms(url))
                 dt, _t = run_ours(plan, full=False, db=url, run_id=f"bench-{uuid.uuid4().hex[:8]}")
                 ours_ms.append(dt / N * 1000)
+                splits.append(LAST_SPLIT)
             o, r = statistics.median(ours_ms), statistics.median(raw_ms)
             measured[(shape, name)] = (o, r)
             print(f"{shape:<6} {name:<10} {o:8.3f} {r:14.3f} {o / r:6.2f}x {1000 / o:8.0f}")
+            cpu_lines.append(f"{shape:<6} {name:<10} " + _split_line(splits))
+    print("CPU per node, medians of the same rounds (us): the coordinator's thread, the other threads (jobs and the")
+    print("commits they lead), the kernel's share of both (fsync, wake-ups); process CPU / wall: 1.0 = CPU-bound")
+    for line in cpu_lines:
+        print(line)
     for goal_name, shape, backend, what, goal in P7_GOALS:
         if (shape, backend) not in measured:
             print(f"GOAL {goal_name}: not measured (set SMTHRS_TEST_POSTGRES_URL) (goal {goal:g}) NOT met")
