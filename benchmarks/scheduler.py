@@ -189,9 +189,9 @@ class Timed:
 
 
 class CpuSplit:
-    """Where one timed run's CPU went: the coordinator's thread (the caller's: ``sched.run`` coordinates on it),
-    the process as a whole (user and system time: the job threads, the commits, the kernel's share of fsync and
-    thread wake-ups) and the cyclic GC (collections of the oldest generation, and all the GC's time)."""
+    """Where one timed run's CPU went: the coordinator's thread (the caller's: ``sched.run`` coordinates on it, the
+    pass's setup included), the process as a whole (user and system time: the job threads, the commits, the kernel's
+    share of fsync and thread wake-ups) and the cyclic GC (collections of the oldest generation, and all its time)."""
 
     def __init__(self) -> None:
         self.wall = self.main = self.user = self.system = self.gc_s = 0.0
@@ -347,8 +347,8 @@ def p7(rounds: int = 3) -> None:
             measured[(shape, name)] = (o, r)
             print(f"{shape:<6} {name:<10} {o:8.3f} {r:14.3f} {o / r:6.2f}x {1000 / o:8.0f}")
             cpu_lines.append(f"{shape:<6} {name:<10} " + _split_line(splits))
-    print("CPU per node, medians of the same rounds (us): the coordinator's thread, the other threads (jobs and the")
-    print("commits they lead), the kernel's share of both (fsync, wake-ups); process CPU / wall: 1.0 = CPU-bound")
+    print("CPU per node, medians of the same rounds (us): the coordinator's thread, the other threads (jobs and")
+    print("the commits they lead), the kernel's share of both (fsync, wake-ups); process CPU / wall: 1.0 = CPU-bound")
     for line in cpu_lines:
         print(line)
     for goal_name, shape, backend, what, goal in P7_GOALS:
