@@ -171,6 +171,8 @@ class Timed:
         self.inner = inner
         self.phases: collections.Counter[str] = collections.Counter()
         self.total = 0.0
+        #: Where the timed run's CPU went (set by :func:`run_ours`).
+        self.split = CpuSplit()
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -224,14 +226,9 @@ class CpuSplit:
         gc.callbacks.remove(self._on_gc)
 
 
-#: The CPU split of the last :func:`run_ours` (what P7 prints beside its ratios).
-LAST_SPLIT = CpuSplit()
-
-
 def run_ours(
     plan: sp.plan.Plan, *, full: bool, synchronous: str = "full", db: str | None = None, run_id: str = "bench"
 ) -> tuple[float, Timed]:
-    global LAST_SPLIT
     with (
         tempfile.TemporaryDirectory(prefix="smthrs-bench-") as tmp,
         sp.open_runtime(workspace=Path(tmp), db=db, sqlite_synchronous=synchronous) as rt,
@@ -239,10 +236,9 @@ def run_ours(
         timed = Timed(rt.dispatcher if full else PassThrough(rt.db))
         rt.dispatcher = timed  # type: ignore[assignment]
         sched = rt.scheduler(run_id, concurrency={"steps": WORKERS}, host=ThreadHost(WORKERS))
-        with CpuSplit() as split:
+        with timed.split:
             report = sched.run(plan, noop)
-        dt = split.wall
-        LAST_SPLIT = split
+        dt = timed.split.wall
         sched.host.close()
     assert all(s.outcome == "built" for s in report.settlements), "benchmark run did not build every node"
     return dt, timed
@@ -340,9 +336,9 @@ def p7(rounds: int = 3) -> None:
             splits: list[CpuSplit] = []
             for _ in range(rounds):
                 raw_ms.append(raw_sqlite_commit_ms() if url is None else raw_pg_commit_ms(url))
-                dt, _t = run_ours(plan, full=False, db=url, run_id=f"bench-{uuid.uuid4().hex[:8]}")
+                dt, timed = run_ours(plan, full=False, db=url, run_id=f"bench-{uuid.uuid4().hex[:8]}")
                 ours_ms.append(dt / N * 1000)
-                splits.append(LAST_SPLIT)
+                splits.append(timed.split)
             o, r = statistics.median(ours_ms), statistics.median(raw_ms)
             measured[(shape, name)] = (o, r)
             print(f"{shape:<6} {name:<10} {o:8.3f} {r:14.3f} {o / r:6.2f}x {1000 / o:8.0f}")
