@@ -43,18 +43,16 @@ from sqlalchemy.engine import Connection
 from .._clock import SYSTEM_CLOCK, Clock
 from .._metrics import NULL_METRICS, MetricsPort
 from ..boundary import isolation_ran, record_isolation
-from ..boundary.boundary import Declaration
 from ..boundary.evidence import InlineLimits
 from ..boundary.measure import Measurer
 from ..boundary.sandbox import SandboxResult, run_in_sandbox
-from ..canonical import canonical_bytes, is_key, key_digest
+from ..canonical import key_digest
 from ..codecs import CodecRegistry, default_registry
 from ..errors import (
     ArtifactError,
     BoundaryError,
     BoundaryRefusal,
     CacheError,
-    CanonicalError,
     CodecError,
     MaterializationConflict,
     StoreError,
@@ -74,6 +72,8 @@ from ._publisher import (
     publish_now,
     recover,
 )
+from ._request_check import check_request
+from ._request_check import invalid as _invalid
 from ._serve import Refused, replay_entry, same_expansion, served_state, still_served, verify_entry
 from ._support import KEY_LOCKS, BlobSink, BlobSource, PhaseTimer, condemnation, expired_age, renewal
 from .admission import Admissible, admission_claims, admit, read_set_verified, reads_expanded
@@ -111,7 +111,6 @@ T = TypeVar("T")
 PROVENANCE_EVENT = "cache-provenance"
 #: A local hit refreshes ``last_used_at_ms`` at most this often (a write per hit would dominate hit latency).
 _TOUCH_INTERVAL_MS = 60_000
-_TIERS = ("sealed", "compensable", "irreversible")
 
 
 _WARNED: set[str] = set()
@@ -145,10 +144,6 @@ class _FailedOutcome(Exception):
     def __init__(self, result: DispatchResult) -> None:
         super().__init__(result.outcome)
         self.result = result
-
-
-def _invalid(msg: str, **details: Any) -> CacheError:
-    return CacheError("invalid_declaration", msg, **details)
 
 
 class CacheDispatcher:
@@ -246,7 +241,7 @@ class CacheDispatcher:
 
     def dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
         """Serve ``request`` from the cache or run ``execute(sandbox_root)``; see the module invariants."""
-        self._check(request)
+        check_request(request, self.workspace)
         record_isolation(
             None
         )  # a hit runs no body: nothing from an earlier dispatch in this context may show
@@ -274,47 +269,6 @@ class CacheDispatcher:
         if served is not None:
             return served
         return self._build(request, execute, decision, timer, seen)
-
-    def _check(self, request: DispatchRequest) -> None:
-        if not isinstance(request, DispatchRequest):
-            raise _invalid(f"dispatch takes a DispatchRequest, got {type(request).__name__}")
-        if not is_key(request.key):
-            raise CacheError(
-                "key_uncomputable",
-                f"request key {request.key!r} is not a key1_ key; compute it with plan.keys.dispatch_key (sealed)"
-                " or run_local_key — the seam never keys a request itself",
-            )
-        if request.tier not in _TIERS:
-            raise _invalid(f"tier {request.tier!r} is not one of {', '.join(_TIERS)}")
-        if not isinstance(request.declaration, Declaration):
-            raise _invalid(
-                "request.declaration must be a boundary.Declaration (reads, writes, removes, mode)"
-            )
-        if request.sandbox not in ("hermetic", "whole-tree"):
-            raise _invalid(f"sandbox {request.sandbox!r} is neither 'hermetic' nor 'whole-tree'")
-        for name in ("run_id", "node_id"):
-            v = getattr(request, name)
-            if not isinstance(v, str) or not v:
-                raise _invalid(f"request.{name} must be a non-empty string, got {v!r}")
-        if request.subject is not None and (not isinstance(request.subject, str) or not request.subject):
-            raise _invalid(f"request.subject must be a non-empty string or None, got {request.subject!r}")
-        if not all(
-            isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in request.reads
-        ):
-            raise _invalid("request.reads must be (path, digest) string pairs, as measured for the key")
-        try:
-            canonical_bytes(dict(request.components))
-        except (CanonicalError, TypeError, ValueError) as exc:
-            raise _invalid(
-                f"request.components must be plain JSON data (they are stored for explain): {exc}"
-            ) from exc
-        ws = Path(request.workspace)
-        # The same path as the (resolved) dispatcher workspace needs no realpath walk; anything else is resolved.
-        if ws != self.workspace and ws.resolve() != self.workspace:
-            raise _invalid(
-                f"request workspace {request.workspace} is not this dispatcher's workspace {self.workspace};"
-                " use one dispatcher per workspace",
-            )
 
     # -- consult ---------------------------------------------------------------------------------------------
 
