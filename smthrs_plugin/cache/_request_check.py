@@ -1,5 +1,12 @@
 """Refusing a malformed dispatch request before anything is written: the seam's first step
-(:meth:`~smthrs_plugin.cache.dispatch.CacheDispatcher.dispatch`)."""
+(:meth:`~smthrs_plugin.cache.dispatch.CacheDispatcher.dispatch`).
+
+A consulting request's ``components`` (stored only by a build, for explain) are walked once per mapping object
+a dispatcher has seen (:class:`RequestCheck`): a ``@step``'s request is reused call after call, and re-walking
+the same components on every hit was a fifth of a hit's own CPU. A consult that ends in a build walks them again
+before the body runs, so a mapping changed in place since is still refused (after the consult's own bookkeeping
+of the entries it found: a revoked or expired row forgotten, a refusal journaled). A request that builds at once
+(refresh, ``no_cache``, not sealed) is walked up front, before its refresh invalidates anything."""
 
 from __future__ import annotations
 
@@ -11,9 +18,11 @@ from ..canonical import canonical_bytes, is_key
 from ..errors import CacheError, CanonicalError
 from .model import DispatchRequest
 
-__all__ = ["TIERS", "check_request", "invalid"]
+__all__ = ["TIERS", "RequestCheck", "check_request", "invalid"]
 
 TIERS = ("sealed", "compensable", "irreversible")
+#: Components mappings remembered as walked (a bound on memory: the memo is emptied when full).
+_WALKED_CAP = 1024
 
 
 def invalid(msg: str, **details: Any) -> CacheError:
@@ -21,9 +30,46 @@ def invalid(msg: str, **details: Any) -> CacheError:
     return CacheError("invalid_declaration", msg, **details)
 
 
-def check_request(request: DispatchRequest, workspace: Path) -> None:
+class RequestCheck:
+    """One dispatcher's request check (see the module docstring)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        # id -> the mapping itself: holding it pins the id, so another object can never pass as walked.
+        self._walked: dict[int, Any] = {}
+
+    def check(self, request: DispatchRequest) -> bool:
+        """Refuse a malformed request (typed ``CacheError``); return whether its components were walked now
+        (False: this mapping was walked by an earlier dispatch and the request consults first)."""
+        check_request(request, self.workspace, components=False)
+        consults = request.tier == "sealed" and not request.no_cache and not request.refresh
+        walk = not consults or self._walked.get(id(request.components)) is not request.components
+        if walk:
+            self.components(request)
+        return walk
+
+    def components(self, request: DispatchRequest) -> None:
+        """Walk the request's components (``invalid_declaration`` unless plain JSON) and remember the mapping."""
+        components = request.components
+        _check_components(components)
+        if len(self._walked) >= _WALKED_CAP:
+            self._walked.clear()
+        self._walked[id(components)] = components
+
+
+def _check_components(components: Any) -> None:
+    try:
+        canonical_bytes(dict(components))
+    except (CanonicalError, TypeError, ValueError) as exc:
+        raise invalid(
+            f"request.components must be plain JSON data (they are stored for explain): {exc}"
+        ) from exc
+
+
+def check_request(request: DispatchRequest, workspace: Path, *, components: bool = True) -> None:
     """Refuse a malformed request with a typed ``CacheError`` (the seam's first step, before anything is
-    written). ``workspace``: the dispatcher's resolved workspace."""
+    written). ``workspace``: the dispatcher's resolved workspace. ``components=False``: the caller walks the
+    components itself (:class:`RequestCheck`)."""
     if not isinstance(request, DispatchRequest):
         raise invalid(f"dispatch takes a DispatchRequest, got {type(request).__name__}")
     if not is_key(request.key):
@@ -48,13 +94,9 @@ def check_request(request: DispatchRequest, workspace: Path) -> None:
         isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in request.reads
     ):
         raise invalid("request.reads must be (path, digest) string pairs, as measured for the key")
-    try:
-        canonical_bytes(dict(request.components))
-    except (CanonicalError, TypeError, ValueError) as exc:
-        raise invalid(
-            f"request.components must be plain JSON data (they are stored for explain): {exc}"
-        ) from exc
-    ws = Path(request.workspace)
+    if components:
+        _check_components(request.components)
+    ws = request.workspace if isinstance(request.workspace, Path) else Path(request.workspace)
     # The same path as the (resolved) dispatcher workspace needs no realpath walk; anything else is resolved.
     if ws != workspace and ws.resolve() != workspace:
         raise invalid(

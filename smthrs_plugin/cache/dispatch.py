@@ -24,7 +24,7 @@ Invariants
 - **Publishing takes a configured key**: with only the generated workspace key a shared tier outside the workspace
   is read, never written (:func:`.signing.shared_trust`); the process says so once in its log.
 - The seam never computes a key: ``request.key`` is used as given; a malformed request is a typed ``CacheError``
-  before anything is written.
+  before anything is written (:mod:`._request_check`: a reused request's components are walked once).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from ._publisher import (
     publish_now,
     recover,
 )
-from ._request_check import check_request
+from ._request_check import RequestCheck
 from ._request_check import invalid as _invalid
 from ._serve import Refused, replay_entry, same_expansion, served_state, still_served, verify_entry
 from ._support import KEY_LOCKS, BlobSink, BlobSource, PhaseTimer, condemnation, expired_age, renewal
@@ -227,6 +227,7 @@ class CacheDispatcher:
         self.temp_dir = temp_dir
         self.codecs: CodecRegistry = codecs if codecs is not None else default_registry()
         self._spool = Spool(spool, self.host_id) if spool is not None and background_publish else None
+        self._requests = RequestCheck(self.workspace)
         self._publisher: BackgroundPublisher | None = None
         if background_publish:
             self._publisher = BackgroundPublisher(self._publish_queued, spool=self._spool)
@@ -241,26 +242,28 @@ class CacheDispatcher:
 
     def dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
         """Serve ``request`` from the cache or run ``execute(sandbox_root)``; see the module invariants."""
-        check_request(request, self.workspace)
+        checked = self._requests.check(request)
         record_isolation(
             None
         )  # a hit runs no body: nothing from an earlier dispatch in this context may show
         try:
             with self.metrics.observe_dispatch():
                 with KEY_LOCKS.hold(key_digest(request.key)):
-                    result = self._dispatch(request, execute)
+                    result = self._dispatch(request, execute, checked)
                 if result.outcome == "failed":
                     raise _FailedOutcome(result)
         except _FailedOutcome as failed:
             return failed.result
         return result
 
-    def _dispatch(self, request: DispatchRequest, execute: Execute) -> DispatchResult:
+    def _dispatch(self, request: DispatchRequest, execute: Execute, checked: bool) -> DispatchResult:
+        """``checked``: whether this dispatch walked ``request.components`` (else a build walks them before its
+        body runs: :mod:`._request_check`)."""
         if self._publisher is not None:  # per-key order: an older build of this key publishes first
             self._publisher.wait_for_key(request.key)
         timer = PhaseTimer()
         if request.tier != "sealed" or request.no_cache:
-            return self._build(request, execute, None, timer)
+            return self._build(request, execute, None, timer, checked=checked)
         if request.consult_shared or (request.publish_shared and self._signer is not None):
             self.shared.require_bucket()  # a missing bucket fails here, before anything runs or is written
         seen = _Consulted()
@@ -268,7 +271,7 @@ class CacheDispatcher:
         self.metrics.cache_decision(decision.tag)
         if served is not None:
             return served
-        return self._build(request, execute, decision, timer, seen)
+        return self._build(request, execute, decision, timer, seen, checked=checked)
 
     # -- consult ---------------------------------------------------------------------------------------------
 
@@ -565,7 +568,11 @@ class CacheDispatcher:
         decision: CacheDecision | None,
         timer: PhaseTimer,
         seen: _Consulted | None = None,
+        *,
+        checked: bool = True,
     ) -> DispatchResult:
+        if not checked:
+            self._requests.components(request)  # stored with the entry: walked before the body runs
         mode: SandboxMode = (
             "whole-tree" if "whole-tree" in (request.sandbox, self.sandbox_mode) else "hermetic"
         )

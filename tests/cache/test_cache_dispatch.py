@@ -3,6 +3,7 @@ local tier in SQLite, real sandboxes. Every test names the behaviour it pins."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,55 @@ def test_bad_requests_are_refused_before_anything_is_written(machines: Machines)
             a.dispatcher.dispatch(bad, upper)
         assert err.value.code == code
     assert a.calls["upper"] == 0 and a.dispatcher.local.rows() == []
+
+
+def test_a_reused_request_is_served_without_walking_its_components_again(
+    machines: Machines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import smthrs_plugin.cache._request_check as check_module
+
+    a = machines("a", files={"in.txt": "x"})
+    request = a.request(upper_node(), consult_shared=False)
+    walked: list[object] = []
+    real = check_module.canonical_bytes
+    monkeypatch.setattr(check_module, "canonical_bytes", lambda v: walked.append(v) or real(v))
+    assert a.dispatcher.dispatch(request, upper).outcome == "built"
+    assert len(walked) == 1  # checked once, not again by the build
+    for _ in range(3):
+        assert a.dispatcher.dispatch(request, upper).outcome == "clean"
+    assert len(walked) == 1  # the same mapping: a hit never stores it, nothing to walk
+    copy = dataclasses.replace(request, components=dict(request.components))
+    assert a.dispatcher.dispatch(copy, upper).outcome == "clean"
+    assert len(walked) == 2  # another mapping is walked
+
+
+def test_components_changed_in_place_after_a_hit_are_refused_before_the_build_runs(
+    machines: Machines,
+) -> None:
+    a = machines("a", files={"in.txt": "x"})
+    request = a.request(upper_node(), consult_shared=False)
+    ran: list[Path] = []
+
+    def counted(root: Path) -> Any:
+        ran.append(root)
+        return upper(root)
+
+    assert a.dispatcher.dispatch(request, counted).outcome == "built"
+    assert a.dispatcher.dispatch(request, counted).outcome == "clean"
+    request.components["environment"] = {"x": float("nan")}  # type: ignore[index]
+    rows = a.dispatcher.local.rows()
+    # A refresh builds at once: walked before its refresh invalidates the row.
+    with pytest.raises(CacheError) as err:
+        a.dispatcher.dispatch(dataclasses.replace(request, refresh=True), counted)
+    assert err.value.code == "invalid_declaration"
+    assert len(ran) == 1 and a.dispatcher.local.rows() == rows
+    # A consult that ends in a build (its input changed since: a stale read set) walks the mapping it
+    # remembered as checked.
+    (a.ws / "in.txt").write_text("changed")
+    with pytest.raises(CacheError) as err:
+        a.dispatcher.dispatch(request, counted)
+    assert err.value.code == "invalid_declaration"
+    assert len(ran) == 1
 
 
 def test_the_run_local_row_is_keyed_by_run_so_another_run_never_finds_it(machines: Machines) -> None:
