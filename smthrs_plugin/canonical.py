@@ -10,11 +10,15 @@ The serialisation itself is delegated to the ``rfc8785`` package (UTF-16 member 
 formatting); this module only guards its input so that every refusal is typed.
 
 Fast path (byte-identical, proved by a hypothesis test against ``rfc8785``): the guard's walk also notes whether
-the value holds a float or an object key outside the Basic Multilingual Plane. When it holds neither, the
-stdlib's C encoder (``sort_keys``, compact separators, ``ensure_ascii=False``) writes the same bytes, because
-the only places RFC 8785 differs from it are exactly those two: ECMAScript number formatting (``1.0`` → ``1``,
-``1e21`` → ``1e+21``; safe integers print alike) and member order by UTF-16 code units (which equals code-point
-order for BMP-only keys, but not for surrogate pairs vs U+E000..U+FFFF). String escaping is the same in both
+the value holds a float whose Python ``repr`` is not its ECMAScript form, or an object key outside the Basic
+Multilingual Plane. When it holds neither, the stdlib's C encoder (``sort_keys``, compact separators,
+``ensure_ascii=False``) writes the same bytes, because the only places RFC 8785 differs from it are exactly those
+two: ECMAScript number formatting and member order by UTF-16 code units (which equals code-point order for
+BMP-only keys, but not for surrogate pairs vs U+E000..U+FFFF). RFC 8785's number form starts from the same
+shortest round-trip digits as ``repr`` and rewrites only an integral float (``1.0`` → ``1``, ``0.0`` → ``0``)
+and the exponent forms (``1e+16`` → ``10000000000000000``, ``1e-05`` → ``0.00001``); a float whose ``repr``
+has neither a trailing ``.0`` nor an ``e`` (``0.25``, ``-3.125``, a rounded duration like ``12.345``) prints
+alike in both, so it stays on the fast path. String escaping is the same in both
 (quote, backslash, the five short C0 escapes, other C0 controls as lowercase 6-character unicode escapes,
 everything else literal UTF-8); lone surrogates, non-str keys, cycles and unsafe integers never reach either
 encoder. Anything else takes ``rfc8785``.
@@ -49,8 +53,9 @@ _plain_encode = json.JSONEncoder(
 
 
 def _check(value: Any) -> bool:
-    """Refuse ``value`` unless it has a canonical form; return whether it is *plain* (no float anywhere and
-    every object key inside the BMP), i.e. whether the stdlib encoder writes its RFC 8785 bytes."""
+    """Refuse ``value`` unless it has a canonical form; return whether it is *plain* (every float printed alike by
+    ``repr`` and ECMAScript, every object key inside the BMP), i.e. whether the stdlib encoder writes its RFC 8785
+    bytes."""
     # Iterative walk with an explicit ancestor set: detects cycles (shared, acyclic sub-objects are fine)
     # and refuses anything that is not *exactly* a JSON type.
     plain = True
@@ -79,7 +84,10 @@ def _check(value: Any) -> bool:
                 raise CanonicalError(
                     "not_canonicalizable", f"{item!r} has no JSON form; use null or a string instead"
                 )
-            plain = False  # ECMAScript number formatting: only rfc8785 writes it
+            if plain:
+                # Only an integral float or an exponent form is written differently by ECMAScript (docstring).
+                text = repr(item)
+                plain = "e" not in text and not text.endswith(".0")
             continue
         if t is dict or t is list or t is tuple:
             if depth >= MAX_DEPTH:

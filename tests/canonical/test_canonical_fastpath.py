@@ -1,5 +1,5 @@
 """canonical.py's stdlib fast path: byte-identical to ``rfc8785`` on every value it takes, and never taken for the
-values where the two encoders differ (floats, object keys outside the BMP)."""
+values where the two encoders differ (integral and exponent-form floats, object keys outside the BMP)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,32 @@ def test_every_value_matches_rfc8785_byte_for_byte_whichever_path_it_takes(value
     assert canonical_bytes(value) == rfc8785.dumps(value)
 
 
-def test_floats_and_non_bmp_keys_are_never_on_the_fast_path() -> None:
-    assert canonical._check({"a": [1, 2.5]}) is False
+def test_integral_and_exponent_floats_and_non_bmp_keys_are_never_on_the_fast_path() -> None:
     assert canonical._check([1.0]) is False
+    assert canonical._check([0.0]) is False and canonical._check([-0.0]) is False
+    assert canonical._check({"a": [1, 2.5, 1e16]}) is False
+    assert canonical._check([0.00001]) is False and canonical._check([1e-7]) is False
     assert canonical._check({"\U0001f600": 1}) is False
     assert canonical._check({"x": {"\ufb33": "\U0001f600"}}) is True  # non-BMP VALUES are fine
     # The two cases where the stdlib encoder would be wrong, served right:
     assert canonical_bytes([1.0, 1e21]) == b"[1,1e+21]"
     assert canonical_bytes({"\ufb33": 1, "\U0001f600": 2}) == '{"\U0001f600":2,"\ufb33":1}'.encode()
+    assert canonical_bytes([-0.0, 1e16, 0.00001]) == b"[0,10000000000000000,0.00001]"
+
+
+_exact_floats = st.floats(allow_nan=False, allow_infinity=False).filter(
+    lambda f: "e" not in repr(f) and not repr(f).endswith(".0")
+)
+
+
+@settings(max_examples=600)
+@given(_json(st.one_of(_plain_scalars, _exact_floats), _text(_BMP)))
+def test_floats_printed_alike_by_repr_and_ecmascript_take_the_fast_path_byte_for_byte(value: object) -> None:
+    assert canonical._check(value) is True
+    assert canonical_bytes(value) == rfc8785.dumps(value)
+
+
+def test_a_rounded_duration_takes_the_fast_path() -> None:
+    payload = {"ms": 12.345, "execute_ms": 0.125, "neg": -3.5, "tiny": 0.0001}
+    assert canonical._check(payload) is True
+    assert canonical_bytes(payload) == rfc8785.dumps(payload)
