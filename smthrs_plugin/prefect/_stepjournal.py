@@ -47,10 +47,17 @@ _flusher: threading.Thread | None = None
 
 
 def _write(rt: Runtime, run_id: str, owner: OwnerId, payloads: list[Mapping[str, Any]]) -> None:
+    # Encoded (and refused, typed as an append refuses) before the transaction opens.
+    encoded = [rt.journal.encode(run_id, EVENT_TYPE, dict(p)).payload_json for p in payloads]
+    # A batch of hits goes in as one INSERT (the transaction's deferred appends); only at the outermost level.
+    batched = len(encoded) > 1 and not rt.db.in_write()
+
     def tx(conn: Connection) -> None:
         assert_owner(conn, run_id, owner)
-        for p in payloads:
-            rt.journal.append_in(conn, run_id, EVENT_TYPE, dict(p))
+        if batched:
+            rt.db.allow_deferred()
+        for payload_json in encoded:
+            rt.journal.append_canonical_in(conn, run_id, EVENT_TYPE, payload_json)
 
     rt.db.write(tx)
 
