@@ -19,8 +19,10 @@ The artifact store is named by a URL (``SMTHRS_ARTIFACTS_URL``/``artifacts=``) o
 from __future__ import annotations
 
 import json
+import os
 import socket
-from pathlib import Path
+import threading
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -264,20 +266,60 @@ def load_settings(**overrides: Any) -> Settings:
             "artifacts_block",
             f"artifacts={given['artifacts_url']!r} was given too; pass either an artifact URL or a block, not both",
         )
-    try:
-        s = Settings(**given)
-    except (ValidationError, json.JSONDecodeError) as exc:
-        raise SettingsError(
-            "invalid_setting",
-            f"invalid smthrs setting: {exc}. Check the SMTHRS_* environment variables and the arguments given.",
-            cause=exc,
-        ) from exc
+    s = _parsed(given)
+    # Resolved on every load, never remembered: a symlink on the way may have been re-pointed since.
     update: dict[str, Any] = {"workspace": Path(s.workspace).resolve()}
     if "artifacts_url" in given:
         update["artifacts_block"] = None
     elif "artifacts_block" in given:
         update["artifacts_url"] = None
     return s.model_copy(update=update)
+
+
+#: Parsed settings remembered per exact input (a bound on memory: emptied when full).
+_PARSED_CAP = 64
+_parsed_memo: dict[tuple[Any, ...], Settings] = {}
+_parsed_lock = threading.Lock()
+
+
+def _parsed(given: dict[str, Any]) -> Settings:
+    """``Settings(**given)`` over the current environment, remembered per exact input. Parsing reads every
+    ``SMTHRS_*`` variable through pydantic-settings (≈5 ms: a step's first call in each flow run paid it); the
+    result is a pure function of the arguments, those variables, the working directory and the host name (the
+    two default factories), which is exactly the memo's key, so a changed variable is parsed afresh."""
+    try:
+        args = json.dumps(given, sort_keys=True, default=_path_text)
+    except (TypeError, ValueError):  # not plain data: parsed (or refused) the long way, never remembered
+        return _parse(given)
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k[:7].upper() == "SMTHRS_"))
+    key = (args, env, os.getcwd(), socket.gethostname())
+    with _parsed_lock:
+        hit = _parsed_memo.get(key)
+    if hit is not None:
+        return hit
+    parsed = _parse(given)
+    with _parsed_lock:
+        if len(_parsed_memo) >= _PARSED_CAP:
+            _parsed_memo.clear()
+        _parsed_memo[key] = parsed
+    return parsed
+
+
+def _path_text(value: Any) -> Any:
+    if isinstance(value, PurePath):
+        return ["path", str(value)]
+    raise TypeError(type(value).__name__)
+
+
+def _parse(given: dict[str, Any]) -> Settings:
+    try:
+        return Settings(**given)
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise SettingsError(
+            "invalid_setting",
+            f"invalid smthrs setting: {exc}. Check the SMTHRS_* environment variables and the arguments given.",
+            cause=exc,
+        ) from exc
 
 
 def load_cache_settings(**overrides: Any) -> CacheSettings:
