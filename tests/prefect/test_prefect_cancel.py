@@ -48,6 +48,11 @@ def after(one: str) -> str:
 
 
 @flow(persist_result=False)
+def quick(tag: str) -> str:
+    return first(tag)
+
+
+@flow(persist_result=False)
 def waiter(tag: str) -> str:
     one = first(tag)
     with open(os.environ["HANDSHAKE"] + ".tmp", "w") as f:
@@ -58,6 +63,8 @@ def waiter(tag: str) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:  # an earlier flow run of this process, ended before the waiter binds
+        quick(sys.argv[2])
     waiter(sys.argv[1])
 """
 
@@ -77,7 +84,7 @@ def _until(cond: Callable[[], Any], what: str, proc: subprocess.Popen[bytes] | N
 class Child:
     """One direct flow run in its own process, parked in-process on ``sp.wait_for('go')``."""
 
-    def __init__(self, tmp: Path, tag: str) -> None:
+    def __init__(self, tmp: Path, tag: str, *before: str) -> None:
         (tmp / "cancelflow.py").write_text(FLOW_PY)
         self.workspace = tmp / "ws"
         self.workspace.mkdir()
@@ -92,7 +99,7 @@ class Child:
             "PYTHONPATH": str(tmp),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, str(tmp / "cancelflow.py"), tag],
+            [sys.executable, str(tmp / "cancelflow.py"), tag, *before],
             cwd=tmp,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -125,11 +132,11 @@ class Child:
 
 
 @pytest.fixture
-def child(tmp_path: Path, prefect_api: str) -> Iterator[Callable[[str], Child]]:
+def child(tmp_path: Path, prefect_api: str) -> Iterator[Callable[..., Child]]:
     started: list[Child] = []
 
-    def start(tag: str) -> Child:
-        c = Child(tmp_path, tag)
+    def start(tag: str, *before: str) -> Child:
+        c = Child(tmp_path, tag, *before)
         started.append(c)
         return c
 
@@ -168,6 +175,20 @@ def test_cancelling_a_running_flow_run_in_prefect_cancels_its_smthrs_run_once(
     _assert_cancelled_once(c, "prefect")
     final = _until(lambda: (st := _prefect_state(c.flow_run_id)).is_final() and st, "a final Prefect state")
     assert final.is_cancelled(), f"{final.type.value} {final.name}: {final.message}"
+
+
+def test_a_flow_run_bound_after_an_earlier_one_ended_is_still_watched_for_cancellation(
+    child: Callable[..., Child],
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    # The process's watcher went idle when the first flow run ended; the waiter's binding wakes it.
+    c = child("second", "first")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(uuid.UUID(c.flow_run_id), Cancelling(), force=True)
+    c.exited()
+    _assert_cancelled_once(c, "prefect")
 
 
 def test_smthrs_cancel_of_a_running_flow_run_ends_the_prefect_flow_run_cancelled(
