@@ -387,7 +387,7 @@ def _dispatch(
     task_run_id, attempt = _task_run_ids()
     env = spec.environment_for(rt.plugins.runtime_defaults(rt.settings))
     draft, request = request_for(spec, rt, ctx.run_id, attempt, values, canonical, env)
-    check_path_arguments(spec, bound, Path(rt.workspace), request.declaration)
+    check_path_arguments(spec, bound, rt.workspace, request.declaration)
     # No owner on the request: the cache rows are content-addressed facts, not the run's state; the run's own
     # record (step-settled) is written fenced by the owner token below (hits batched, see _stepjournal).
 
