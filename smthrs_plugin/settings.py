@@ -287,10 +287,10 @@ def _parsed(given: dict[str, Any]) -> Settings:
     ``SMTHRS_*`` variable through pydantic-settings (≈5 ms: a step's first call in each flow run paid it); the
     result is a pure function of the arguments, those variables, the working directory and the host name (the
     two default factories), which is exactly the memo's key, so a changed variable is parsed afresh."""
-    try:
-        args = json.dumps(given, sort_keys=True, default=_path_text)
-    except (TypeError, ValueError):  # not plain data: parsed (or refused) the long way, never remembered
+    if not all(_plain(v) for v in given.values()):  # parsed (or refused) the long way, never remembered
         return _parse(given)
+    # ``repr`` of plain values tells types apart (a Path from a str, a tuple from a list), unlike JSON.
+    args = repr(sorted(given.items()))
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k[:7].upper() == "SMTHRS_"))
     key = (args, env, os.getcwd(), socket.gethostname())
     with _parsed_lock:
@@ -305,10 +305,18 @@ def _parsed(given: dict[str, Any]) -> Settings:
     return parsed
 
 
-def _path_text(value: Any) -> Any:
-    if isinstance(value, PurePath):
-        return ["path", str(value)]
-    raise TypeError(type(value).__name__)
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is built only of types whose ``repr`` is a faithful key (bounded depth)."""
+    t = type(value)
+    if value is None or t in (str, int, float, bool) or isinstance(value, PurePath):
+        return True
+    if depth >= 8:
+        return False
+    if t in (list, tuple):
+        return all(_plain(v, depth + 1) for v in value)
+    if t is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def _parse(given: dict[str, Any]) -> Settings:

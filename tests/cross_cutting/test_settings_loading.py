@@ -66,3 +66,11 @@ def test_a_bad_variable_is_refused_every_time_it_is_read(
         with pytest.raises(SettingsError) as err:
             load_settings(workspace=tmp_path)
         assert err.value.code == "invalid_setting"
+
+
+def test_arguments_of_another_type_are_not_served_a_remembered_parse(tmp_path: Path) -> None:
+    good = load_settings(workspace=tmp_path, artifacts_options={"anon": True})
+    assert good.artifacts_options == {"anon": True}
+    with pytest.raises(SettingsError):
+        load_settings(workspace=[str(tmp_path)])  # the text of the path, in a list: refused, never served
+    assert load_settings(workspace=str(tmp_path)).workspace == good.workspace
