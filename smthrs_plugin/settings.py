@@ -284,7 +284,7 @@ _parsed_lock = threading.Lock()
 
 def _parsed(given: dict[str, Any]) -> Settings:
     """``Settings(**given)`` over the current environment, remembered per exact input. Parsing reads every
-    ``SMTHRS_*`` variable through pydantic-settings (≈5 ms: a step's first call in each flow run paid it); the
+    ``SMTHRS_*`` variable through pydantic-settings (1.5–5 ms: a step's first call in each flow run paid it); the
     result is a pure function of the arguments, those variables, the working directory and the host name (the
     two default factories), which is exactly the memo's key, so a changed variable is parsed afresh."""
     if not all(_plain(v) for v in given.values()):  # parsed (or refused) the long way, never remembered
