@@ -195,8 +195,15 @@ class ActiveRun:
         self._sub = runs.journal.subscribe(
             self._on_record, partition=self.run_id, types=("run-cancel-requested",)
         )
+        # The activation just wrote the lease (``heartbeat_at_ms``) and read the cancel request: the first beat
+        # waits one interval, like every later one, rather than writing the same lease again at once (a commit
+        # on another thread, contending with the caller's first writes, for every run a process binds).
         self._beat = Heartbeater(
-            ownership, self.run_id, on_interrupt=self._on_interrupt, on_cancel=self._on_cancel
+            ownership,
+            self.run_id,
+            on_interrupt=self._on_interrupt,
+            on_cancel=self._on_cancel,
+            first_beat_after_s=ownership.settings.heartbeat_interval_s,
         ).start()
 
     # -- heartbeat / journal callbacks (other threads) -------------------------------------------------------

@@ -58,6 +58,7 @@ class Heartbeater:
         interval_s: float | None = None,
         interrupt_after_s: float | None = None,
         clock: Clock | None = None,
+        first_beat_after_s: float = 0.0,
     ) -> None:
         self.ownership = ownership
         self.run_id = run_id
@@ -68,6 +69,9 @@ class Heartbeater:
             if interrupt_after_s is not None
             else ownership.settings.heartbeat_failure_interrupt_s
         )
+        #: How long the first beat waits (0: at once). A lease that was just activated has just been renewed: its
+        #: first beat can wait one interval like every other, instead of writing again at once.
+        self.first_beat_after_s = first_beat_after_s
         self._on_interrupt = on_interrupt
         self._on_cancel = on_cancel
         self._stop = threading.Event()
@@ -97,6 +101,8 @@ class Heartbeater:
 
     def _loop(self) -> None:
         last_ok = self.clock.monotonic()
+        if self.first_beat_after_s > 0:
+            self.clock.wait(self._stop, self.first_beat_after_s)
         while not self._stop.is_set():
             try:
                 hb = self.ownership.heartbeat(self.run_id)

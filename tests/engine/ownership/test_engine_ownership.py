@@ -215,6 +215,29 @@ def test_heartbeater_renews_the_lease_and_reports_a_cancel_request_once(
     assert rec is not None and rec.heartbeat_at_ms == hb.last.at_ms  # type: ignore[union-attr]
 
 
+def test_a_heartbeater_told_to_wait_writes_nothing_until_its_first_interval_passed(
+    db: Database, runs: RunStore, journal: Journal, settings: Settings
+) -> None:
+    clock = ManualClock()  # moves only when advanced below
+    own = Ownership(db, owner=owner("a"), journal=journal, clock=clock, settings=settings)
+    RunStore(db, journal=journal, clock=clock).create("r", "flow")
+    own.claim("r")
+    activated_at = runs.get("r").heartbeat_at_ms  # type: ignore[union-attr]
+    hb = Heartbeater(own, "r", first_beat_after_s=5.0).start()
+    try:
+        clock.advance(4.9)
+        assert not hb.interrupted.wait(0.2) and hb.beats == 0  # nothing written before the interval
+        assert runs.get("r").heartbeat_at_ms == activated_at  # type: ignore[union-attr]
+        clock.advance(0.2)
+        deadline = time.monotonic() + 120  # a hang bound only: the beat follows the advance
+        while hb.beats < 1 and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+    finally:
+        hb.stop()
+    assert hb.beats >= 1
+    assert runs.get("r").heartbeat_at_ms == clock.now_ms()  # type: ignore[union-attr]
+
+
 def test_heartbeater_interrupts_at_once_on_fence_lost(
     db: Database, runs: RunStore, journal: Journal, clock: ManualClock, settings: Settings
 ) -> None:
