@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
         return False
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read: ESRCH
         return False
 
 
