@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import signal
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PRELOAD: set[str] = set()
@@ -27,3 +29,15 @@ def worker_processes(*preload: str) -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(sorted(_PRELOAD))
     return ctx
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read: ESRCH
+        return False

@@ -41,7 +41,7 @@ class RequestCheck:
     def check(self, request: DispatchRequest) -> bool:
         """Refuse a malformed request (typed ``CacheError``); return whether its components were walked now
         (False: this mapping was walked by an earlier dispatch and the request consults first)."""
-        check_request(request, self.workspace, components=False)
+        check_request(request, self.workspace)
         consults = request.tier == "sealed" and not request.no_cache and not request.refresh
         walk = not consults or self._walked.get(id(request.components)) is not request.components
         if walk:
@@ -66,10 +66,9 @@ def _check_components(components: Any) -> None:
         ) from exc
 
 
-def check_request(request: DispatchRequest, workspace: Path, *, components: bool = True) -> None:
-    """Refuse a malformed request with a typed ``CacheError`` (the seam's first step, before anything is
-    written). ``workspace``: the dispatcher's resolved workspace. ``components=False``: the caller walks the
-    components itself (:class:`RequestCheck`)."""
+def check_request(request: DispatchRequest, workspace: Path) -> None:
+    """Refuse a malformed request with a typed ``CacheError``, all but its components (which
+    :class:`RequestCheck` walks). ``workspace``: the dispatcher's resolved workspace."""
     if not isinstance(request, DispatchRequest):
         raise invalid(f"dispatch takes a DispatchRequest, got {type(request).__name__}")
     if not is_key(request.key):
@@ -94,8 +93,6 @@ def check_request(request: DispatchRequest, workspace: Path, *, components: bool
         isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in request.reads
     ):
         raise invalid("request.reads must be (path, digest) string pairs, as measured for the key")
-    if components:
-        _check_components(request.components)
     ws = request.workspace if isinstance(request.workspace, Path) else Path(request.workspace)
     # The same path as the (resolved) dispatcher workspace needs no realpath walk; anything else is resolved.
     if ws != workspace and ws.resolve() != workspace:

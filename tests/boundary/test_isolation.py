@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import alive
 
 from smthrs_plugin.boundary import (
     Declaration,
@@ -271,15 +272,7 @@ def test_what_the_body_left_running_is_killed_with_it(tree: tuple[Path, Path], t
 
     _call(tree, "process").run(body)
     pid = int(pidfile.read_text())
-    wait_until(lambda: not _alive(pid), "the left-behind process to be killed")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read: ESRCH
-        return False
+    wait_until(lambda: not alive(pid), "the left-behind process to be killed")
 
 
 @pytest.mark.parametrize("kind", ["process", pytest.param("namespace", marks=needs_namespace)])
@@ -423,7 +416,7 @@ def test_the_child_dies_with_its_parent(tmp_path: Path) -> None:
         child = int(pidfile.read_text())
         parent.kill()
         parent.wait()
-        wait_until(lambda: not _alive(child), "the orphaned child to die")
+        wait_until(lambda: not alive(child), "the orphaned child to die")
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import alive
 from sched_support import Env, make_env
 
 from smthrs_plugin.errors import SchedulerError
@@ -25,17 +26,6 @@ DEADLINE_S = 60.0
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
     return make_env(tmp_path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read: ESRCH
-        return False
 
 
 def _until(predicate: Any, what: str) -> None:
@@ -105,11 +95,11 @@ def test_a_typed_scheduler_failure_kills_a_running_command_and_fails_its_attempt
         try:
             _until(lambda: pid_file.exists() and pid_file.read_text().strip(), "the sleeper's pid")
             pid = int(pid_file.read_text())
-            _until(lambda: not _alive(pid), "the interrupted command to be gone")
+            _until(lambda: not alive(pid), "the interrupted command to be gone")
             thread.join(DEADLINE_S)
             assert not thread.is_alive(), "the scheduler did not return after the interrupt"
         finally:
-            if pid is not None and _alive(pid):
+            if pid is not None and alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
     err = box.get("error")
