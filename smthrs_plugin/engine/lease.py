@@ -10,7 +10,10 @@ Invariants:
 - **Claim.** :func:`acquire` claims through :meth:`Ownership.claim` (so steals happen on evidence only) and
   answers a held :class:`RunLease` or :class:`Refused` naming the refusing decision; a :class:`LeasePolicy` says
   which run is claimed and what a refusal turns into (``EXISTING``, ``NAMED``, ``FRESH``, ``RETRY_SUFFIX``,
-  :func:`chain_on_failure`). With ``metrics``, every claim decision is counted (the run driver's).
+  :func:`chain_on_failure`). With ``metrics``, every claim decision is counted (the run driver's). A run the
+  lease creates is created, reserved and activated in ONE transaction: a failed activation leaves no pending row
+  behind, and nobody else can claim the new row in between; a run that existed already is claimed after that
+  transaction (judging a running row may probe its owner, which must not hold the write lock).
 - **Hold.** From activation until it concludes, the lease renews itself every heartbeat interval; the beat is
   also the cancellation poll. The run's context is interrupted — the flow's next wait raises — when a cancel is
   requested (``cancelled``), the fence is lost (``fence_lost``) or the heartbeat keeps failing
@@ -31,7 +34,7 @@ from typing import Any, Literal, cast
 from .._metrics import ClaimDecision as ClaimTag
 from .._metrics import MetricsPort
 from ..errors import StoreError
-from ..records.runs import RunStore
+from ..records.runs import Created, RunStore
 from ..records.waits import WaitStore
 from ._lease_run import (
     ActiveRun,
@@ -200,10 +203,23 @@ def acquire(
 ) -> RunLease | Refused:
     """Claim ``run_id`` (of ``flow``) as ``policy`` says and hold it; :class:`Refused` when no run activated."""
 
+    def created_and_claimed(rid: str) -> ClaimDecision | None:
+        # A run this call creates is claimed in the creating transaction: one commit instead of three (create,
+        # reserve, activate), and no window in which another claimant sees the new pending row. A row that was
+        # there already is claimed after this commits: judging a running row may probe its owner's liveness,
+        # which must not hold the write lock.
+        if isinstance(runs.create(rid, flow), Created):
+            return ownership.claim(rid)
+        return None
+
     def claim(rid: str, *, create: bool) -> ClaimDecision:
-        if create:
+        decision: ClaimDecision | None = None
+        if create and ownership.db is runs.db:
+            decision = runs.db.write(lambda _conn: created_and_claimed(rid))
+        elif create:
             runs.create(rid, flow)
-        decision = ownership.claim(rid)
+        if decision is None:
+            decision = ownership.claim(rid)
         if metrics is not None:
             metrics.claim_decision(cast(ClaimTag, type(decision).__name__))
         return decision

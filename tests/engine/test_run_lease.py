@@ -212,6 +212,26 @@ def test_fresh_policy_creates_and_claims_the_id_it_is_given(
     assert rec is not None and rec.status == "completed" and rec.flow == "flow"
 
 
+def test_a_run_the_lease_creates_is_created_and_activated_in_one_transaction(
+    lease_as: Callable[[str], Acquire], runs: RunStore, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Activation refused after the creation was written: nothing of the run may remain, no pending row another
+    # claimant could pick up and no ``run-created`` record without its activation.
+    def refuse(self: Ownership, run_id: str, reserved: object) -> None:
+        raise StoreError("store_failed", "activation refused by the test")
+
+    monkeypatch.setattr(Ownership, "_activate_write", refuse)
+    with pytest.raises(StoreError, match="activation refused"):
+        lease_as("a")("fresh-1", "flow", FRESH)
+    assert runs.get("fresh-1") is None
+    assert journal.read("fresh-1") == []
+    monkeypatch.undo()
+    with _held(lease_as("a")("fresh-1", "flow", FRESH)) as lease:
+        types = [e.type for e in journal.read("fresh-1")]
+        assert types[:2] == ["run-created", "run-activated"]
+        lease.settle("completed")
+
+
 def test_retry_suffix_policy_moves_to_a_fresh_suffix_when_the_run_is_held(
     lease_as: Callable[[str], Acquire], runs: RunStore
 ) -> None:
