@@ -23,7 +23,8 @@ met, with the bare-Prefect anchor in ms).
   background, after its local commit: the time the runtime's close then spends draining what is still queued is
   printed beside the figure, and so is the same run with every entry published inline (before each node returns,
   the seam's default). ``--p4-rounds`` alternating rounds of each side; medians printed. Goal ≤ 1.3× built and
-  clean.
+  clean. Beside them, the CPU per node of each timed run: this process (every thread) and Prefect's server
+  process (when this process started it): on 2 cores their sum bounds the wall time.
 
 Per-task milliseconds are wall time divided by the number of tasks. Figures vary with load (2 shared cores);
 the ratio is what to read. Not a test: nothing is asserted.
@@ -142,6 +143,46 @@ def bare_noop(i: int) -> int:
     return 0
 
 
+def _server_cpu_s() -> float | None:
+    """CPU seconds used so far by this process's child processes running Prefect's ephemeral API server (Linux
+    ``/proc``); None when there is none to read (``PREFECT_API_URL`` names a server this process did not start)."""
+    me, total, found = str(os.getpid()), 0, False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[1] != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"prefect.server" not in f.read():
+                    continue
+        except OSError:
+            continue
+        found = True
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class _CpuSplit:
+    """CPU per node of one timed run: this (client) process as a whole — every thread, ended ones included — and
+    Prefect's server process. On 2 cores the two together bound the wall time."""
+
+    def __enter__(self) -> _CpuSplit:
+        self._t, self._server = os.times(), _server_cpu_s()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        t, server = os.times(), _server_cpu_s()
+        self.client_s = (t.user - self._t.user) + (t.system - self._t.system)
+        self.server_s = None if server is None or self._server is None else server - self._server
+
+
 def bench_plan(n: int, workspace: Path, rounds: int = 1) -> dict[str, float]:
     """ms per node for an ``n``-node binary-tree DAG, medians of ``rounds`` alternating rounds: smthrs on the
     Prefect host (built, then clean; ``drain-built``: the close's wait for queued publications afterwards;
@@ -157,12 +198,15 @@ def bench_plan(n: int, workspace: Path, rounds: int = 1) -> dict[str, float]:
     plans = {"timed": tree(n, "bench-p4"), "warm-up": tree(min(n, 64), "bench-p4-warm-up")}
     samples: dict[str, list[float]] = {}
 
-    def run_on(rt: Any, run_id: str, expect: str, which: str = "timed") -> float:
+    def run_on(rt: Any, run_id: str, expect: str, which: str = "timed", cpu: str | None = None) -> float:
         plan = plans[which]
-        t = time.perf_counter()
-        report = rt.scheduler(run_id).run(plan, noop)
-        elapsed = time.perf_counter() - t
+        with _CpuSplit() as split:
+            t = time.perf_counter()
+            report = rt.scheduler(run_id).run(plan, noop)
+            elapsed = time.perf_counter() - t
         assert set(report.outcomes.values()) == {expect}, report.outcomes
+        if cpu is not None:
+            add_cpu(cpu, split, len(plan.nodes))
         return elapsed * 1000.0 / len(plan.nodes)
 
     @flow(persist_result=False)
@@ -172,7 +216,8 @@ def bench_plan(n: int, workspace: Path, rounds: int = 1) -> dict[str, float]:
                 # A closed dispatcher's publisher takes nothing more: every entry is published before its node
                 # returns, as before publications moved to the background (the A/B of this one change).
                 rt.dispatcher.close()
-            ms = run_on(rt, run_id, expect, which)  # inside a flow run: the Prefect host, one task run per node
+            # Inside a flow run: the Prefect host, one task run per node.
+            ms = run_on(rt, run_id, expect, which, None if inline or which != "timed" else f"prefect-{expect}")
             t = time.perf_counter()
             rt.drain_publications()  # what close() would wait for
             return ms, (time.perf_counter() - t) * 1000.0 / n
@@ -180,23 +225,32 @@ def bench_plan(n: int, workspace: Path, rounds: int = 1) -> dict[str, float]:
     task = prefect.Task(bare_noop, name="bare", cache_policy=NO_CACHE, persist_result=False)
 
     @flow(persist_result=False)
-    def bare_plan(count: int) -> float:
-        t = time.perf_counter()
-        futs: list[Any] = []
-        for i in range(count):
-            futs.append(task.submit(i, wait_for=[futs[(i - 1) // 2]] if i else None))
-        for f in futs:
-            f.wait()
-        return time.perf_counter() - t
+    def bare_plan(count: int, timed: bool = True) -> float:
+        with _CpuSplit() as split:
+            t = time.perf_counter()
+            futs: list[Any] = []
+            for i in range(count):
+                futs.append(task.submit(i, wait_for=[futs[(i - 1) // 2]] if i else None))
+            for f in futs:
+                f.wait()
+            elapsed = time.perf_counter() - t
+        if timed:
+            add_cpu("bare", split, count)
+        return elapsed
 
     def add(name: str, value: float) -> None:
         samples.setdefault(name, []).append(value)
+
+    def add_cpu(name: str, split: _CpuSplit, nodes: int) -> None:
+        add(f"cpu-client-{name}", split.client_s * 1000.0 / nodes)
+        if split.server_s is not None:
+            add(f"cpu-server-{name}", split.server_s * 1000.0 / nodes)
 
     # Warm-up (not timed): the first plan run of a process pays its one-time costs (lazy imports, compiled
     # statements, Prefect's task objects), which would land on whichever side runs first.
     for inline in (False, True):
         smthrs_plan(str(workspace / f"warm-up-{inline}"), f"p4-{uuid.uuid4().hex[:6]}", "built", inline, "warm-up")
-    bare_plan(len(plans["warm-up"].nodes))
+    bare_plan(len(plans["warm-up"].nodes), timed=False)
     for r in range(max(1, rounds)):
         for inline in (False, True) if r % 2 == 0 else (True, False):  # each side first in turn
             ws = workspace / f"prefect-{r}-{'inline' if inline else 'background'}"
@@ -308,6 +362,13 @@ def main() -> None:
                     f"  (the same plan on the local thread-pool host, no Prefect: built {p4['local-built']:.2f} ms/node, "
                     f"clean {p4['local-clean']:.2f} ms/node — the scheduler's and the cache's own share)"
                 )
+                for side, label in (("prefect-built", "built"), ("prefect-clean", "clean"), ("bare", "bare Prefect")):
+                    server = p4.get(f"cpu-server-{side}")
+                    print(
+                        f"  (CPU per node, {label}: this process {p4[f'cpu-client-{side}']:.2f} ms, Prefect's server "
+                        + ("not measured: not started by this process" if server is None else f"{server:.2f} ms")
+                        + ")"
+                    )
                 goals.append(_goal("P4 built", p4["prefect-built"], p4["bare"], 1.3))
                 goals.append(_goal("P4 clean", p4["prefect-clean"], p4["bare"], 1.3))
             for line in goals:
