@@ -74,7 +74,7 @@ docs-serve: $(STAMP_TEST)
 
 bench: $(STAMP_TEST) bytecode
 	@mkdir -p $(PREFECT_HOME)
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .smthrs .pytest_cache

@@ -86,6 +86,7 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+from _cpu import cpu_by_process  # noqa: E402
 from _hidden_cluster import can_hide, hidden_cluster  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
@@ -138,33 +139,6 @@ def calibrate(target_ms: float) -> int:
     sample = 50_000
     best = min(_cpu_timed(lambda: hash_rounds(b"x" * 4096, sample)) for _ in range(3))
     return max(1000, int(sample * target_ms / (best * 1000.0)))
-
-
-def cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far of this process (the coordinator) and of its live children: moto's S3 server, Prefect's
-    server, the Dask scheduler, the Dask workers (nannies and worker processes)."""
-    import psutil
-
-    me = psutil.Process()
-    t = me.cpu_times()
-    out = {
-        "coordinator": t.user + t.system,
-        "moto": 0.0,
-        "prefect server": 0.0,
-        "dask scheduler": 0.0,
-        "workers": 0.0,
-    }
-    for child in me.children(recursive=True):
-        try:
-            cmd = " ".join(child.cmdline())
-            ct = child.cpu_times()
-        except psutil.Error:
-            continue
-        group = "prefect server" if "prefect" in cmd and "server" in cmd else "workers"
-        group = "dask scheduler" if "dask_scheduler" in cmd else group
-        group = "moto" if "moto.server" in cmd else group
-        out[group] += ct.user + ct.system
-    return out
 
 
 def _cpu_timed(fn: Callable[[], Any]) -> float:
