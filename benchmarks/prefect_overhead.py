@@ -67,6 +67,7 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 import prefect  # noqa: E402
+from _cpu import cpu_by_process  # noqa: E402
 from prefect import flow  # noqa: E402
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE  # noqa: E402
 
@@ -143,44 +144,23 @@ def bare_noop(i: int) -> int:
     return 0
 
 
-def _server_cpu_s() -> float | None:
-    """CPU seconds used so far by this process's child processes running Prefect's ephemeral API server (Linux
-    ``/proc``); None when there is none to read (``PREFECT_API_URL`` names a server this process did not start)."""
-    me, total, found = str(os.getpid()), 0, False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if fields[1] != me:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"prefect.server" not in f.read():
-                    continue
-        except OSError:
-            continue
-        found = True
-        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-    return total / os.sysconf("SC_CLK_TCK") if found else None
-
-
 class _CpuSplit:
     """CPU per node of one timed run: this (client) process as a whole — every thread, ended ones included — and
-    Prefect's server process. On 2 cores the two together bound the wall time."""
+    Prefect's server process, when this process started it (no ``PREFECT_API_URL``). On 2 cores the two together
+    bound the wall time."""
 
     def __enter__(self) -> _CpuSplit:
-        self._t, self._server = os.times(), _server_cpu_s()
+        self._before = cpu_by_process()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        t, server = os.times(), _server_cpu_s()
-        self.client_s = (t.user - self._t.user) + (t.system - self._t.system)
-        self.server_s = None if server is None or self._server is None else server - self._server
+        after = cpu_by_process()
+        self.client_s = after["coordinator"] - self._before["coordinator"]
+        self.server_s = (
+            None
+            if os.environ.get("PREFECT_API_URL")
+            else after["prefect server"] - self._before["prefect server"]
+        )
 
 
 def bench_plan(n: int, workspace: Path, rounds: int = 1) -> dict[str, float]:

@@ -213,11 +213,7 @@ def acquire(
         return None
 
     def claim(rid: str, *, create: bool) -> ClaimDecision:
-        decision: ClaimDecision | None = None
-        if create and ownership.db is runs.db:
-            decision = runs.db.write(lambda _conn: created_and_claimed(rid))
-        elif create:
-            runs.create(rid, flow)
+        decision = runs.db.write(lambda _conn: created_and_claimed(rid)) if create else None
         if decision is None:
             decision = ownership.claim(rid)
         if metrics is not None:
