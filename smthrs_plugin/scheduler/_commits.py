@@ -66,6 +66,35 @@ Write = Callable[[Connection], Any]
 _SERVING = threading.local()
 
 
+class _Signal:
+    """A job's wake-up: set, cleared and waited on like a ``threading.Event``, for one waiting thread. A bare lock
+    held until set (no Condition, no waiter list): one is made, set and waited on for every settlement.
+
+    ``set``/``clear`` never race each other: the queue calls them under its condition, or (``close``) on entries
+    it took off the queue under it. Only the entry's own job waits, and only it clears (as a leader)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def clear(self) -> None:
+        if self._set:
+            self._set = False
+            self._lock.acquire()  # released by set(): does not block
+
+    def wait(self) -> None:
+        self._lock.acquire()
+        self._lock.release()  # it stays set, as an Event does
+
+
 class _Entry:
     """One queued unit: a job's settlement (``fn``, its job waits on ``event``) or a batch of the coordinator's
     writes (``writes``; nobody waits on it but the coordinator, through the queue's condition)."""
@@ -75,7 +104,7 @@ class _Entry:
     def __init__(self, fn: Write | None, writes: list[Write] | None = None, tags: Any = None) -> None:
         self.fn = fn
         self.writes = writes
-        self.event = threading.Event() if fn is not None else None
+        self.event = _Signal() if fn is not None else None
         # "queued" → "lead" (a job promoted to lead the next group) | "done" | "alone" (commit yourself) |
         # "dropped" (coordinator writes an abort discarded)
         self.state = "queued"
@@ -429,6 +458,7 @@ class CommitQueue:
 
     def _release(self, group: list[_Entry], failure: BaseException | None) -> None:
         """Wake the jobs of ``group`` after its transaction ended and tell the coordinator what committed."""
+        woken: list[_Signal] = []
         with self._cv:
             for item in group:
                 if failure is not None:
@@ -445,8 +475,12 @@ class CommitQueue:
                     self._settled.append(item.outcome)
                 item.state = "done"
                 assert item.event is not None
-                item.event.set()
+                woken.append(item.event)
             self._cv.notify_all()
+        # Woken after the condition is released: a wake-up is a system call, and the coordinator may be waiting
+        # for the condition meanwhile. Only this leader sets these (the group left the queue under the condition).
+        for event in woken:
+            event.set()
 
     # -- for tests and the reference coordinator ----------------------------------------------------------
     def pending(self) -> bool:

@@ -21,7 +21,7 @@ import smthrs_plugin as sp
 from smthrs_plugin.errors import StoreError
 from smthrs_plugin.records.journal import Journal
 from smthrs_plugin.scheduler import ThreadHost
-from smthrs_plugin.scheduler._commits import CommitQueue
+from smthrs_plugin.scheduler._commits import CommitQueue, _Signal
 from smthrs_plugin.stores.database import Database, open_database
 from smthrs_plugin.stores.schema import attempts
 
@@ -526,3 +526,24 @@ def test_with_one_step_permit_a_node_keeps_it_until_its_settlement_commits(tmp_p
     host (a dependent made ready by a settlement competes before the next node is admitted)."""
     dispatcher = _run_held(tmp_path, nodes=5, hold=1, steps=1, workers=4)  # the first commit waits for itself
     assert set(dispatcher.groups) == {1}, dispatcher.groups
+
+
+def test_a_jobs_wake_up_signal_acts_as_an_event_for_its_one_waiting_thread() -> None:
+    """The queue's per-settlement signal: set twice is set once (a promoted leader's own signal is set again when
+    its group is released), a set signal stays set for every wait, a cleared one (a leader sent back to wait by a
+    hold) blocks its waiter until the next set."""
+    s = _Signal()
+    s.set()
+    s.set()
+    s.wait()
+    s.wait()
+    s.clear()
+    s.clear()
+    assert s._lock.locked()  # a wait now blocks
+    woke = threading.Event()
+    t = threading.Thread(target=lambda: (s.wait(), woke.set()))
+    t.start()
+    s.set()
+    t.join(DEADLINE_S)
+    assert not t.is_alive() and woke.is_set()
+    s.wait()  # still set after its waiter woke
