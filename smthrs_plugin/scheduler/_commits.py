@@ -70,8 +70,10 @@ class _Signal:
     """A job's wake-up: set, cleared and waited on like a ``threading.Event``, for one waiting thread. A bare lock
     held until set (no Condition, no waiter list): one is made, set and waited on for every settlement.
 
-    ``set``/``clear`` never race each other: the queue calls them under its condition, or (``close``) on entries
-    it took off the queue under it. Only the entry's own job waits, and only it clears (as a leader)."""
+    ``set``/``clear`` of one signal never run at once: a signal is set under the queue's condition (a promotion to
+    lead), or by the one thread that took its entry off the queue under that condition (a leader releasing its
+    group, ``close``); only the entry's own job clears it (a promoted leader sent back by ``hold``, under the
+    condition, before ``hold`` returns and so before any ``close``). Only the entry's own job waits on it."""
 
     __slots__ = ("_lock", "_set")
 
