@@ -91,11 +91,18 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+import _cpu  # noqa: E402
+import cloudpickle  # noqa: E402
 from _cpu import cpu_by_process  # noqa: E402
 from _hidden_cluster import can_hide, hidden_cluster  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
 from smthrs_plugin.prefect.host import PrefectHost, quiet_flow_settings, share_prefect_api  # noqa: E402
+
+# Prefect ships the flow run's context (this script's flows, and what they name) with every task run it submits
+# to a Dask cluster (the shared-execution variant), and the cluster cannot import the benchmarks' helper modules:
+# they travel by value.
+cloudpickle.register_pickle_by_value(_cpu)
 
 NODES = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -243,7 +250,9 @@ class Cluster:
         def bare_merge(parts: list[str]) -> str:
             return "".join(parts)
 
-        @flow(name="smthrs-bench-remote-bare", task_runner=DaskTaskRunner(address=address), persist_result=False)
+        @flow(
+            name="smthrs-bench-remote-bare", task_runner=DaskTaskRunner(address=address), persist_result=False
+        )
         def run_bare(n: int, rounds: int) -> tuple[float, int]:
             # Prefect ships this flow's context to the cluster: nothing here may name a module only this process
             # can import (the CPU is read around the flow run instead).
