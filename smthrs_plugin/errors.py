@@ -136,7 +136,9 @@ class GraphError(SmthrsError, ValueError):
 class SchedulerError(SmthrsError):
     """A refusal the scheduler itself raises. A node's own failure is an outcome, not one of these.
     ``prefect_unavailable``: the Prefect API a run was to be hosted by could not be reached (its ephemeral server
-    did not start in time)."""
+    did not start in time). ``task_run_lost``: the flow's task runner gave a node's Prefect task run up before it
+    ended (a Dask cluster that cannot unpickle the task because a module is missing there, workers that died),
+    with the runner's own error as the cause."""
 
     family = "scheduler"
     codes = _codes(
@@ -146,6 +148,7 @@ class SchedulerError(SmthrsError):
         "elaboration_failed",
         "store_failed",
         "prefect_unavailable",
+        "task_run_lost",
     )
 
     def __init__(

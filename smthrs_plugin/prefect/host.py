@@ -217,6 +217,15 @@ class PrefectHost:
             try:
                 fut.wait()
                 state = fut.state
+                if not state.is_final():
+                    # The runner gave the task run up (its wait swallows why): the state is the server's last
+                    # word, never an outcome; say what the runner itself met instead of "run is PENDING".
+                    lost = _lost_task_run(spec.node_id, fut, state)
+                    if not out.done():
+                        out.set_exception(lost)
+                    else:
+                        log.warning("node %s settled, but %s", spec.node_id, lost.message)
+                    return
                 data = returned(state)
             except BaseException as exc:  # the bridge itself failed: the coordinator must hear it
                 if not out.done():
@@ -316,6 +325,37 @@ def _node_task(plan_id: str, tags: tuple[str, ...]) -> Task[Any, Any]:
         persist_result=False,
         retries=0,
     )
+
+
+def _lost_task_run(node_id: str, fut: Any, state: Any) -> SchedulerError:
+    """``SchedulerError(task_run_lost)`` for a node task run ``fut`` the runner stopped waiting on before it ended
+    (``state``: the server's last state of it), caused by what the runner's own future raised, when it tells."""
+    cause = _runner_failure(fut)
+    why = "" if cause is None else f": {type(cause).__name__}: {str(cause).strip()}"
+    return SchedulerError(
+        "task_run_lost",
+        f"node {node_id!r}: the task runner gave its Prefect task run {fut.task_run_id} up while it was still "
+        f"{state.type.value}{why}. If the cluster cannot import a module the flow or the node's executor comes "
+        "from, install it on the scheduler and workers (or cloudpickle.register_pickle_by_value(module)); if "
+        "workers died, see the cluster's logs. Then run the plan again: the nodes that settled stay settled",
+        cause=cause,
+        node=node_id,
+        task_run_id=str(fut.task_run_id),
+        state=state.type.value,
+    )
+
+
+def _runner_failure(fut: Any) -> BaseException | None:
+    """What the runner's own future (``PrefectWrappedFuture.wrapped_future``: a Dask or concurrent future) ended
+    with, if it ended; None when it did not or is not such a future."""
+    wrapped = getattr(fut, "wrapped_future", None)
+    if wrapped is None or not callable(getattr(wrapped, "done", None)) or not wrapped.done():
+        return None
+    try:
+        exc = wrapped.exception()
+    except BaseException as err:  # a cancelled future answers by raising: that is its reason
+        return err
+    return exc if isinstance(exc, BaseException) else None
 
 
 def _emit(job: NodeJob, outcome: JobOutcome, task_run_id: str, flow_run_id: str | None, ms: float) -> None:

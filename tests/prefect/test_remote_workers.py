@@ -17,6 +17,7 @@ a touched read is no change), an artifact store the workers cannot reach (refuse
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import signal
 import sys
@@ -149,7 +150,14 @@ def fan_in_plan(ws: Path, n: int = 4, **extra: Any) -> sp.plan.Plan:
 
 
 def run_on_cluster(
-    address: str, ws: Path, db: str, artifacts: tuple[str, dict[str, str]], plan: sp.plan.Plan, **kw: Any
+    address: str,
+    ws: Path,
+    db: str,
+    artifacts: tuple[str, dict[str, str]],
+    plan: sp.plan.Plan,
+    *,
+    executor: Any = render,
+    **kw: Any,
 ) -> Any:
     from prefect import flow
     from prefect_dask import DaskTaskRunner
@@ -157,7 +165,7 @@ def run_on_cluster(
     @flow(task_runner=DaskTaskRunner(address=address), persist_result=False)
     def remote_flow(run_id: str) -> Any:
         with sp.open_runtime(ws, db=db, artifacts=artifacts[0], artifacts_options=artifacts[1]) as rt:
-            return rt.scheduler(run_id, **kw).run(plan, render)
+            return rt.scheduler(run_id, **kw).run(plan, executor)
 
     return remote_flow(f"remote-{uuid.uuid4().hex[:8]}")
 
@@ -345,6 +353,38 @@ def test_shared_execution_chosen_explicitly_is_honoured_and_fails_typed_where_wo
             host=PrefectHost(execution="shared"),
         )
     assert err.value.code == "boundary_unavailable" and "workspace_missing" in err.value.message
+    assert not (ws / "out").exists()
+
+
+def test_a_node_task_run_the_cluster_cannot_unpickle_fails_the_run_typed_with_the_clusters_own_reason(
+    cluster: str, ws: Path, tmp_path: Path, hidden_root: Path, s3_artifacts: tuple[str, dict[str, str]]
+) -> None:
+    # The executor comes from a module only this process can import (it lives where the cluster sees nothing), the
+    # way a flow's own module often is: Dask's scheduler cannot unpickle the node's task run and the runner gives
+    # it up. The run fails typed, naming the node and Dask's reason, not with Prefect's "run is in PENDING state".
+    name = f"smthrs_unimportable_{uuid.uuid4().hex[:8]}"
+    mod_dir = hidden_root / name
+    mod_dir.mkdir()
+    (mod_dir / f"{name}.py").write_text("def render(ni):\n    return {'ran': True}\n")
+    sys.path.insert(0, str(mod_dir))
+    try:
+        module = importlib.import_module(name)
+        with pytest.raises(SchedulerError) as err:
+            run_on_cluster(
+                cluster,
+                ws,
+                f"sqlite:///{tmp_path / 'state.db'}",
+                s3_artifacts,
+                fan_in_plan(ws, n=1),
+                executor=module.render,
+                host=PrefectHost(execution="shared"),
+            )
+    finally:
+        sys.path.remove(str(mod_dir))
+        sys.modules.pop(name, None)
+    assert err.value.code == "task_run_lost", err.value
+    assert "render-0" in err.value.message and "deserialization" in err.value.message
+    assert err.value.cause is not None and err.value.details["state"] in ("PENDING", "RUNNING")
     assert not (ws / "out").exists()
 
 
