@@ -77,6 +77,7 @@ def main() -> None:
         base = None
         cache = "no bytecode cache" if args.no_bytecode_cache else "bytecode cached"
         print(f"{'command':<18} {'median':>9} {'x python':>9}   ({args.runs} fresh processes each, {cache})")
+        lines: list[str] = []
         for name, argv in cases:
             _time(argv, env, ws, 1)  # untimed: fills the bytecode cache for what this command imports
             median = _time(argv, env, ws, args.runs)
@@ -88,6 +89,14 @@ def main() -> None:
                 else f"   goal <= {goal:.0f}x: {'met' if median / base <= goal else 'not met'}"
             )
             print(f"{name:<18} {median * 1000:>7.0f}ms {median / base:>8.1f}x{verdict}")
+            if goal is not None:
+                lines.append(
+                    f"GOAL {name}: {median / base:.1f}x python -c pass (goal <= {goal:.0f}x) "
+                    f"{'met' if median / base <= goal else 'NOT met'}  [anchors: {median * 1000:.0f} ms vs "
+                    f"python -c pass {base * 1000:.0f} ms, {cache}]"
+                )
+        print()
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
