@@ -343,17 +343,26 @@ def test_shared_execution_chosen_explicitly_is_honoured_and_fails_typed_where_wo
 ) -> None:
     # Trusting these workers to see the workspace is exactly what fails: the choice is honoured (never silently
     # upgraded to remote) and the failure names the missing workspace.
+    err = shared_run_error(cluster, ws, tmp_path, s3_artifacts)
+    assert err.code == "boundary_unavailable" and "workspace_missing" in err.message
+    assert not (ws / "out").exists()
+
+
+def shared_run_error(
+    cluster: str, ws: Path, tmp_path: Path, artifacts: tuple[str, dict[str, str]], **kw: Any
+) -> SchedulerError:
+    """The typed error a one-node fan-in plan run under explicit shared execution must fail with."""
     with pytest.raises(SchedulerError) as err:
         run_on_cluster(
             cluster,
             ws,
             f"sqlite:///{tmp_path / 'state.db'}",
-            s3_artifacts,
+            artifacts,
             fan_in_plan(ws, n=1),
             host=PrefectHost(execution="shared"),
+            **kw,
         )
-    assert err.value.code == "boundary_unavailable" and "workspace_missing" in err.value.message
-    assert not (ws / "out").exists()
+    return err.value
 
 
 def test_a_node_task_run_the_cluster_cannot_unpickle_fails_the_run_typed_with_the_clusters_own_reason(
@@ -368,23 +377,15 @@ def test_a_node_task_run_the_cluster_cannot_unpickle_fails_the_run_typed_with_th
     (mod_dir / f"{name}.py").write_text("def render(ni):\n    return {'ran': True}\n")
     sys.path.insert(0, str(mod_dir))
     try:
-        module = importlib.import_module(name)
-        with pytest.raises(SchedulerError) as err:
-            run_on_cluster(
-                cluster,
-                ws,
-                f"sqlite:///{tmp_path / 'state.db'}",
-                s3_artifacts,
-                fan_in_plan(ws, n=1),
-                executor=module.render,
-                host=PrefectHost(execution="shared"),
-            )
+        err = shared_run_error(
+            cluster, ws, tmp_path, s3_artifacts, executor=importlib.import_module(name).render
+        )
     finally:
         sys.path.remove(str(mod_dir))
         sys.modules.pop(name, None)
-    assert err.value.code == "task_run_lost", err.value
-    assert "render-0" in err.value.message and "deserialization" in err.value.message
-    assert err.value.cause is not None and err.value.details["state"] in ("PENDING", "RUNNING")
+    assert err.code == "task_run_lost", err
+    assert "render-0" in err.message and "deserialization" in err.message
+    assert err.cause is not None and err.details["state"] in ("PENDING", "RUNNING")
     assert not (ws / "out").exists()
 
 
