@@ -337,7 +337,7 @@ def _lost_task_run(node_id: str, fut: Any, state: Any) -> SchedulerError:
         f"node {node_id!r}: the task runner gave its Prefect task run {fut.task_run_id} up while it was still "
         f"{state.type.value}{why}. If the cluster cannot import a module the flow or the node's executor comes "
         "from, install it on the scheduler and workers (or cloudpickle.register_pickle_by_value(module)); if "
-        "workers died, see the cluster's logs. Then run the plan again: the nodes that settled stay settled",
+        "workers died, see the cluster's logs. Then run the plan again: what already built is not built again",
         cause=cause,
         node=node_id,
         task_run_id=str(fut.task_run_id),
