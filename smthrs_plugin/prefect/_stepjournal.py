@@ -42,6 +42,9 @@ _Key = tuple[int, str, OwnerId]  # (id of the runtime, run id, owner)
 
 _lock = threading.Lock()
 _pending: dict[_Key, tuple[Runtime, list[Mapping[str, Any]]]] = {}
+#: Batches taken off ``_pending`` and not written yet, by key (the flusher thread's, or another flush's).
+_writing: dict[_Key, int] = {}
+_written = threading.Condition(_lock)
 _wake = threading.Event()
 _flusher: threading.Thread | None = None
 
@@ -78,16 +81,34 @@ def record_settled(
 
 
 def flush_hits(run_id: str | None = None) -> None:
-    """Write the buffered hit records now (of ``run_id`` only, or all). A run no longer ours drops its records
-    with a warning: they describe hits of a run someone else settled."""
+    """Write the buffered hit records now (of ``run_id`` only, or all), and return only once every batch of them
+    is written — a batch the flusher thread took before this call included: a caller parks or settles the run
+    next, and a batch still in flight then would find the run no longer ours and be dropped. A run no longer ours
+    drops its records with a warning: they describe hits of a run someone else settled."""
+
+    def ours(k: _Key) -> bool:
+        return run_id is None or k[1] == run_id
+
     with _lock:
-        keys = [k for k in _pending if run_id is None or k[1] == run_id]
-        batches = [(k, _pending.pop(k)) for k in keys]
-    for (_, rid, owner), (rt, payloads) in batches:
-        try:
-            _write(rt, rid, owner, payloads)
-        except FenceLost as exc:
-            log.warning("dropped %d step-settled hit records of run %s: %s", len(payloads), rid, exc)
+        batches = [(k, _pending.pop(k)) for k in [k for k in _pending if ours(k)]]
+        for k, _ in batches:
+            _writing[k] = _writing.get(k, 0) + 1
+    try:
+        for (_, rid, owner), (rt, payloads) in batches:
+            try:
+                _write(rt, rid, owner, payloads)
+            except FenceLost as exc:
+                log.warning("dropped %d step-settled hit records of run %s: %s", len(payloads), rid, exc)
+    finally:
+        with _lock:
+            for k, _ in batches:
+                if _writing[k] == 1:
+                    del _writing[k]
+                else:
+                    _writing[k] -= 1
+            _written.notify_all()
+            while any(ours(k) for k in _writing):
+                _written.wait()
 
 
 def _ensure_flusher() -> None:
