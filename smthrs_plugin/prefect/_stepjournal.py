@@ -5,9 +5,10 @@ Invariants
   run's owner token (``assert_owner``): a call whose run was settled or taken over writes nothing.
 - A ``built`` or ``failed`` call is journaled synchronously before the call returns. A verified hit changed no
   state, so in the process that owns the run its record is buffered and written with others in ONE fenced
-  transaction — at most :data:`FLUSH_INTERVAL_S` later, and always before the run is settled (the flow-run hook
-  and the standalone run flush first) or the process exits. This keeps a cache hit free of a synchronous
-  ``fsync``-bound write; a crash can lose the hit records of the last interval, never a state change.
+  transaction — at most :data:`FLUSH_INTERVAL_S` later, and always before the run is parked or settled (the
+  park, the flow-run hook and the standalone run call :func:`flush_hits`, which also waits for a batch the flusher
+  thread is writing) or the process exits. This keeps a cache hit free of a synchronous ``fsync``-bound write; a
+  crash can lose the hit records of the last interval, never a state change.
 - A ``built`` record carries ``execute_ms``, how long the body ran (no key folds it): what a later hit of the
   same dispatch key reports as the time it saved (:func:`build_ms`, read back through the served entry's
   provenance run, once per run and process).
