@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _goals import goal_line
+
 PLAN = 'plan: bench\nflow: bench/startup\nnodes:\n  - id: build\n    run: "echo built"\n'
 
 
@@ -83,17 +85,18 @@ def main() -> None:
             median = _time(argv, env, ws, args.runs)
             base = median if base is None else base
             goal = goals.get(name)
-            verdict = (
-                ""
-                if goal is None
-                else f"   goal <= {goal:.0f}x: {'met' if median / base <= goal else 'not met'}"
-            )
+            met = goal is not None and median / base <= goal
+            verdict = "" if goal is None else f"   goal <= {goal:.0f}x: {'met' if met else 'not met'}"
             print(f"{name:<18} {median * 1000:>7.0f}ms {median / base:>8.1f}x{verdict}")
             if goal is not None:
                 lines.append(
-                    f"GOAL {name}: {median / base:.1f}x python -c pass (goal <= {goal:.0f}x) "
-                    f"{'met' if median / base <= goal else 'NOT met'}  [anchors: {median * 1000:.0f} ms vs "
-                    f"python -c pass {base * 1000:.0f} ms, {cache}]"
+                    goal_line(
+                        name,
+                        f"{median / base:.1f}x python -c pass",
+                        f"<= {goal:.0f}x",
+                        met,
+                        f"{median * 1000:.0f} ms vs python -c pass {base * 1000:.0f} ms, {cache}",
+                    )
                 )
         print()
         print("\n".join(lines))

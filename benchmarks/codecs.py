@@ -50,6 +50,7 @@ for _k, _v in {
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from _goals import goal_line  # noqa: E402
 
 from smthrs_plugin.codecs.frames import forget_identities, frame_codecs  # noqa: E402
 from smthrs_plugin.codecs.registry import CodecRegistry  # noqa: E402
@@ -162,8 +163,13 @@ def bench_prefect_hits(mb: int, hits: int) -> None:
     )
     for name, other in (("Prefect's hit", theirs), ("Prefect's hit from its file", theirs_file)):
         GOALS.append(
-            f"GOAL {mb} MB DataFrame step hit vs {name}: {ours / other:.2f}x (goal <= 1x) "
-            f"{'met' if ours <= other else 'NOT met'}  [anchors: {ours:.1f} vs {other:.1f} ms a hit]"
+            goal_line(
+                f"{mb} MB DataFrame step hit vs {name}",
+                f"{ours / other:.2f}x",
+                "<= 1x",
+                ours <= other,
+                f"{ours:.1f} vs {other:.1f} ms a hit",
+            )
         )
 
 
@@ -206,9 +212,13 @@ def main() -> None:
     )
     print(f"   ratio ours/raw throughput               : {t_raw / t_ours:9.2f}x  (goal >= 0.5x)")
     GOALS.append(
-        f"GOAL DataFrame keying vs raw sha256: {t_raw / t_ours:.2f}x throughput (goal >= 0.5x) "
-        f"{'met' if t_raw / t_ours >= 0.5 else 'NOT met'}  [anchors: {t_ours * 1e3:.1f} vs {t_raw * 1e3:.1f} ms for "
-        f"{raw_bytes / 2**20:.0f} MiB of column bytes]"
+        goal_line(
+            "DataFrame keying vs raw sha256",
+            f"{t_raw / t_ours:.2f}x throughput",
+            ">= 0.5x",
+            t_raw / t_ours >= 0.5,
+            f"{t_ours * 1e3:.1f} vs {t_raw * 1e3:.1f} ms for {raw_bytes / 2**20:.0f} MiB of column bytes",
+        )
     )
 
     cas = MemoryCAS()

@@ -44,6 +44,7 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 import pandas  # noqa: E402,F401 - a realistic flow process has it loaded (fork cost grows with the heap)
+from _goals import goal_line  # noqa: E402
 from prefect import flow  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
@@ -61,8 +62,6 @@ def _spin(ms: float) -> int:
 
 #: One line per goal, printed last (the GOAL lines of `make bench`).
 GOALS: list[str] = []
-#: The anchor: ``fork()``+exit+wait of this process, ms (set by :func:`anchors`).
-FORK_MS: list[float] = [float("nan")]
 
 
 def _ms(fn: Any, n: int) -> float:
@@ -80,7 +79,9 @@ def _alternate(sides: dict[str, Any], n: int, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in got.items()}
 
 
-def anchors() -> None:
+def anchors() -> float:
+    """Print the machine's anchors; return ``fork()``+exit+wait of this process, ms."""
+
     def fork_exit() -> None:
         pid = os.fork()
         if pid == 0:
@@ -89,13 +90,14 @@ def anchors() -> None:
 
     buf = bytearray(1 << 20)
     copy = _ms(lambda: bytes(buf), 200)
-    FORK_MS[:] = [_ms(fork_exit, 30)]
+    fork_ms = _ms(fork_exit, 30)
     print(
-        f"anchors: fork()+exit+wait {FORK_MS[0]:.2f} ms; 1 MiB copy {copy * 1000:.0f} us; cores {os.cpu_count()}"
+        f"anchors: fork()+exit+wait {fork_ms:.2f} ms; 1 MiB copy {copy * 1000:.0f} us; cores {os.cpu_count()}"
     )
+    return fork_ms
 
 
-def bench_raw(calls: int, rounds: int, body_ms: float) -> None:
+def bench_raw(calls: int, rounds: int, body_ms: float, fork_ms: float) -> None:
     root = Path(tempfile.mkdtemp(prefix="smthrs-bench-iso-"))
     ws, sandbox = root / "ws", root / "sb" / "root"
     ws.mkdir()
@@ -117,17 +119,26 @@ def bench_raw(calls: int, rounds: int, body_ms: float) -> None:
         for k, v in got.items():
             if k == "thread":
                 continue
+            anchors = f"{v:.2f} vs {base:.2f} ms in-thread; fork()+exit+wait {fork_ms:.2f} ms"
             if label == "no-op body":
                 GOALS.append(
-                    f"GOAL I1 isolation ({k}) added per call: +{v - base:.2f} ms (goal <= 3 ms) "
-                    f"{'met' if v - base <= 3.0 else 'NOT met'}  [anchors: {v:.2f} vs {base:.2f} ms in-thread; "
-                    f"fork()+exit+wait {FORK_MS[0]:.2f} ms]"
+                    goal_line(
+                        f"I1 isolation ({k}) added per call",
+                        f"+{v - base:.2f} ms",
+                        "<= 3 ms",
+                        v - base <= 3.0,
+                        anchors,
+                    )
                 )
             else:
                 GOALS.append(
-                    f"GOAL I2 isolation ({k}) of a {body_ms:g} ms body: {v / base:.2f}x (goal <= 1.3x) "
-                    f"{'met' if v / base <= 1.3 else 'NOT met'}  [anchors: {v:.2f} vs {base:.2f} ms in-thread; "
-                    f"fork()+exit+wait {FORK_MS[0]:.2f} ms]"
+                    goal_line(
+                        f"I2 isolation ({k}) of a {body_ms:g} ms body",
+                        f"{v / base:.2f}x",
+                        "<= 1.3x",
+                        v / base <= 1.3,
+                        anchors,
+                    )
                 )
 
 
@@ -178,9 +189,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--body-ms", type=float, default=20.0)
     args = ap.parse_args()
-    anchors()
+    fork_ms = anchors()
     print(f"namespaces available: {namespace_available()}; uid {os.getuid()}")
-    bench_raw(args.calls, args.rounds, args.body_ms)
+    bench_raw(args.calls, args.rounds, args.body_ms, fork_ms)
     with quiet_flow_settings():
         bench_steps(max(5, args.calls // 4), args.rounds)
     print()

@@ -94,6 +94,7 @@ for _k, _v in {
 import _cpu  # noqa: E402
 import cloudpickle  # noqa: E402
 from _cpu import cpu_by_process  # noqa: E402
+from _goals import goal_line  # noqa: E402
 from _hidden_cluster import can_hide, hidden_cluster  # noqa: E402
 
 import smthrs_plugin as sp  # noqa: E402
@@ -197,11 +198,16 @@ def trivial_plan(n: int) -> sp.plan.Plan:
     return sp.plan.compile_plan("bench-remote-trivial", "bench/remote", nodes, maximum_plan_nodes=n + 10)
 
 
+def part_bytes(i: int) -> bytes:
+    """The 4 KB input of part ``i`` (a workspace file of the plan, the in-memory input of the bare anchor)."""
+    return (f"part {i:04d} " * 410)[:4096].encode()
+
+
 def fresh_workspace(root: Path, label: str, n: int) -> Path:
     ws = root / f"{label}-{uuid.uuid4().hex[:8]}"
     (ws / "in").mkdir(parents=True)
     for i in range(n):
-        (ws / f"in/part-{i}.bin").write_bytes((f"part {i:04d} " * 410)[:4096].encode())
+        (ws / f"in/part-{i}.bin").write_bytes(part_bytes(i))
     return ws
 
 
@@ -243,8 +249,7 @@ class Cluster:
 
         @task(name="bare-hash", cache_policy=NO_CACHE, persist_result=False)
         def bare_hash(i: int, rounds: int) -> str:
-            data = (f"part {i:04d} " * 410)[:4096].encode()
-            return f"part-{i} {hash_rounds(data, rounds)}\n"
+            return f"part-{i} {hash_rounds(part_bytes(i), rounds)}\n"
 
         @task(name="bare-merge", cache_policy=NO_CACHE, persist_result=False)
         def bare_merge(parts: list[str]) -> str:
@@ -253,27 +258,28 @@ class Cluster:
         @flow(
             name="smthrs-bench-remote-bare", task_runner=DaskTaskRunner(address=address), persist_result=False
         )
-        def run_bare(n: int, rounds: int) -> tuple[float, int]:
-            # Prefect ships this flow's context to the cluster: nothing here may name a module only this process
-            # can import (the CPU is read around the flow run instead).
-            t = time.perf_counter()
+        def run_bare(n: int, rounds: int) -> dict[str, Any]:
+            t, cpu = time.perf_counter(), cpu_by_process()
             parts = [bare_hash.submit(i, rounds) for i in range(n)]
             merged = bare_merge.submit(parts).result()
-            return time.perf_counter() - t, merged.count("\n")
+            elapsed, after = time.perf_counter() - t, cpu_by_process()
+            return {
+                "seconds": elapsed,
+                "cpu": {k: after[k] - cpu[k] for k in cpu},
+                "parts": merged.count("\n"),
+            }
 
         self._bare = run_bare
 
     def bare(self, n: int, rounds: int) -> dict[str, Any]:
         """The anchor: the same bodies as plain Prefect task runs on the same cluster (``submit`` on the Dask
-        runner, each task run executed and reported by its worker), no smthrs at all. CPU is read around the flow
-        run (its start and end included); ``seconds`` is the submit-to-merge time inside it."""
+        runner, each task run executed and reported by its worker), no smthrs at all; timed and CPU read as a plan
+        run is, from the first submit to the merge's result."""
         with quiet_flow_settings():
-            cpu = cpu_by_process()
-            elapsed, parts = self._bare(n, rounds)
-            after = cpu_by_process()
-        if parts != n:
-            raise BenchFailed(f"bare Prefect: the merge holds {parts} parts, not {n}")
-        return {"seconds": elapsed, "cpu": {k: after[k] - cpu[k] for k in cpu}}
+            out: dict[str, Any] = self._bare(n, rounds)
+        if out["parts"] != n:
+            raise BenchFailed(f"bare Prefect: the merge holds {out['parts']} parts, not {n}")
+        return out
 
     def run(self, root: Path, label: str, plan: sp.plan.Plan, n_inputs: int, execution: str | None) -> dict:
         ws = fresh_workspace(root, label, n_inputs)
@@ -396,7 +402,7 @@ def print_scale(sc: dict[int, dict], node_ms: float) -> None:
 
 def print_goals() -> None:
     for name, figure, goal, met, anchors in GOALS:
-        print(f"GOAL {name}: {figure} (goal {goal}) {'met' if met else 'NOT met'}  [anchors: {anchors}]")
+        print(goal_line(name, figure, goal, met, anchors))
 
 
 def print_overhead(ov: dict[str, list[dict]]) -> None:

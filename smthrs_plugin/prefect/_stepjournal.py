@@ -103,10 +103,9 @@ def flush_hits(run_id: str | None = None) -> None:
     finally:
         with _lock:
             for k, _ in batches:
-                if _writing[k] == 1:
+                _writing[k] -= 1
+                if not _writing[k]:
                     del _writing[k]
-                else:
-                    _writing[k] -= 1
             _written.notify_all()
             while any(ours(k) for k in _writing):
                 _written.wait()

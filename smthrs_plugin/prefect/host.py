@@ -349,13 +349,12 @@ def _runner_failure(fut: Any) -> BaseException | None:
     """What the runner's own future (``PrefectWrappedFuture.wrapped_future``: a Dask or concurrent future) ended
     with, if it ended; None when it did not or is not such a future."""
     wrapped = getattr(fut, "wrapped_future", None)
-    if wrapped is None or not callable(getattr(wrapped, "done", None)) or not wrapped.done():
+    if wrapped is None or not wrapped.done():
         return None
     try:
-        exc = wrapped.exception()
+        return wrapped.exception()  # type: ignore[no-any-return]
     except BaseException as err:  # a cancelled future answers by raising: that is its reason
         return err
-    return exc if isinstance(exc, BaseException) else None
 
 
 def _emit(job: NodeJob, outcome: JobOutcome, task_run_id: str, flow_run_id: str | None, ms: float) -> None:
